@@ -1,0 +1,17 @@
+//! The core of ai3: tensors, operations and their validation, the algorithm
+//! registry, and the graph executor. Kernels live in `ai3-kernels`; Python
+//! bindings in `ai3-py`.
+
+pub mod dtype;
+pub mod error;
+pub mod graph;
+pub mod ops;
+pub mod registry;
+pub mod tensor;
+
+pub use ai3_kernels::params;
+pub use dtype::{DType, Device, Element};
+pub use error::{Error, Result};
+pub use graph::{Graph, NodeReport, ValueId};
+pub use registry::{Algorithm, OpKind, Request};
+pub use tensor::Tensor;

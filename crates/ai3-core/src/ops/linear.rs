@@ -1,0 +1,138 @@
+//! Fully connected layer over the last dimension.
+
+use ai3_kernels::cpu::linear;
+use ai3_kernels::params::LinearParams;
+
+use super::{check_not_empty, check_weight_dtype, single, with_dtype, Operation};
+use crate::error::{Error, Result};
+use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
+use crate::tensor::{shape_str, Tensor};
+
+const OP: OpKind = OpKind::Linear;
+
+/// `y = x @ weight.T + bias` over the last dimension of `x`; leading dimensions are kept.
+#[derive(Debug)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    request: Request,
+}
+
+impl Linear {
+    /// Builds the layer; `weight` is `[out_features, in_features]`.
+    pub fn new(weight: Tensor, bias: Option<Tensor>, request: Request) -> Result<Self> {
+        let &[out_f, in_f] = weight.shape() else {
+            return Err(Error::shape(
+                OP.name(),
+                format!(
+                    "weight must be 2-D [out_features, in_features], got {}",
+                    shape_str(weight.shape())
+                ),
+            ));
+        };
+        if out_f == 0 || in_f == 0 {
+            return Err(Error::shape(
+                OP.name(),
+                format!(
+                    "weight of shape {} has no elements",
+                    shape_str(weight.shape())
+                ),
+            ));
+        }
+        if let Some(b) = &bias {
+            check_weight_dtype(OP, "bias", b, weight.dtype())?;
+            if b.shape() != [out_f] {
+                return Err(Error::shape(
+                    OP.name(),
+                    format!(
+                        "bias must have shape [{out_f}], got {}",
+                        shape_str(b.shape())
+                    ),
+                ));
+            }
+        }
+        let layer = Linear {
+            weight,
+            bias,
+            request,
+        };
+        layer.algorithm(&layer.params(1))?;
+        Ok(layer)
+    }
+
+    fn params(&self, rows: usize) -> LinearParams {
+        LinearParams {
+            rows,
+            in_features: self.weight.shape()[1],
+            out_features: self.weight.shape()[0],
+        }
+    }
+
+    fn algorithm(&self, p: &LinearParams) -> Result<Algorithm> {
+        registry::resolve(OP, self.request, DeviceKind::Cpu, &Problem::Linear(*p))
+    }
+
+    fn params_for(&self, shape: &[usize]) -> Result<LinearParams> {
+        let in_f = self.weight.shape()[1];
+        if shape.last() != Some(&in_f) {
+            return Err(Error::shape(
+                OP.name(),
+                format!(
+                    "input of shape {} does not end in in_features={in_f} (weight shape {})",
+                    shape_str(shape),
+                    shape_str(self.weight.shape())
+                ),
+            ));
+        }
+        check_not_empty(OP, shape)?;
+        Ok(self.params(shape[..shape.len() - 1].iter().product()))
+    }
+}
+
+impl Operation for Linear {
+    fn kind(&self) -> OpKind {
+        OP
+    }
+    fn algorithm_for(&self, input_shape: &[usize]) -> Result<String> {
+        Ok(self
+            .algorithm(&self.params_for(input_shape)?)?
+            .name()
+            .into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let x = single(OP, inputs)?;
+        self.params_for(x)?;
+        let mut out = x.to_vec();
+        if let Some(last) = out.last_mut() {
+            *last = self.weight.shape()[0];
+        }
+        Ok(out)
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(OP, inputs)?;
+        check_weight_dtype(OP, "input", x, self.weight.dtype())?;
+        let p = self.params_for(x.shape())?;
+        match self.algorithm(&p)? {
+            Algorithm::Gemm => with_dtype!(x.dtype(), T, {
+                let b = match &self.bias {
+                    Some(b) => Some(b.as_slice::<T>()?),
+                    None => None,
+                };
+                linear::gemm::<T>(
+                    &p,
+                    x.as_slice()?,
+                    self.weight.as_slice()?,
+                    b,
+                    output.as_mut_slice()?,
+                )
+            }),
+            other => {
+                return Err(Error::algorithm(
+                    OP.name(),
+                    format!("algorithm '{other}' is not implemented"),
+                ))
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,131 @@
+//! Operations: their user-facing parameters, validation, output shapes and
+//! dispatch to the kernel of the chosen algorithm. One file per operation family.
+
+use std::fmt;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::registry::OpKind;
+use crate::tensor::{shape_str, Tensor};
+
+mod conv2d;
+mod flatten;
+mod linear;
+mod pool;
+mod relu;
+
+pub use conv2d::{Conv2d, PadMode};
+pub use flatten::Flatten;
+pub use linear::Linear;
+pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, Window};
+pub use relu::Relu;
+
+/// A node's computation: validated at construction, then run many times.
+///
+/// Inputs reach `forward` contiguous, on the CPU and in the graph's dtype;
+/// `output` is a zeroed contiguous tensor of `output_shape`'s shape.
+pub trait Operation: Send + Sync + fmt::Debug {
+    /// Which operation this is.
+    fn kind(&self) -> OpKind;
+    /// The algorithm that runs for input of this shape (what a summary shows).
+    fn algorithm_for(&self, input_shape: &[usize]) -> Result<String>;
+    /// The output shape for these input shapes, or an error naming the shapes.
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>>;
+    /// Computes `output` from `inputs`.
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()>;
+}
+
+/// Runs `$body` with `$t` bound to the Rust element type of `$dtype`.
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident, $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_dtype;
+
+/// `(batch, channels, height, width, batched)` of a 3-D or 4-D image input.
+pub(crate) fn image_dims(
+    op: OpKind,
+    shape: &[usize],
+) -> Result<(usize, usize, usize, usize, bool)> {
+    let dims = match *shape {
+        [c, h, w] => (1, c, h, w, false),
+        [n, c, h, w] => (n, c, h, w, true),
+        _ => {
+            return Err(Error::shape(
+                op.name(),
+                format!(
+                    "expected a 3-D (unbatched) or 4-D (batched) input, got shape {}",
+                    shape_str(shape)
+                ),
+            ))
+        }
+    };
+    check_not_empty(op, shape)?;
+    Ok(dims)
+}
+
+/// Output shape of an image operation, keeping the input's batching.
+pub(crate) fn image_shape(batched: bool, n: usize, c: usize, h: usize, w: usize) -> Vec<usize> {
+    if batched {
+        vec![n, c, h, w]
+    } else {
+        vec![c, h, w]
+    }
+}
+
+/// Rejects tensors with no elements, naming the shape.
+pub(crate) fn check_not_empty(op: OpKind, shape: &[usize]) -> Result<()> {
+    if shape.contains(&0) {
+        return Err(Error::shape(
+            op.name(),
+            format!("input of shape {} has no elements", shape_str(shape)),
+        ));
+    }
+    Ok(())
+}
+
+/// The one input of a single-input operation.
+pub(crate) fn single<'a, T: ?Sized>(op: OpKind, inputs: &[&'a T]) -> Result<&'a T> {
+    match inputs {
+        [x] => Ok(x),
+        _ => Err(Error::internal(
+            op.name(),
+            format!("expected 1 input, got {}", inputs.len()),
+        )),
+    }
+}
+
+/// Checks that a weight tensor has the dtype of the graph.
+pub(crate) fn check_weight_dtype(op: OpKind, what: &str, t: &Tensor, dtype: DType) -> Result<()> {
+    if t.dtype() != dtype {
+        return Err(Error::dtype(
+            op.name(),
+            format!(
+                "{what} is {} but the operation computes in {dtype}",
+                t.dtype()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Rejects zero or negative hyperparameters such as strides.
+pub(crate) fn check_positive(op: OpKind, what: &str, values: &[usize]) -> Result<()> {
+    if values.contains(&0) {
+        return Err(Error::invalid(
+            op.name(),
+            format!("{what} must be positive, got {values:?}"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! 2-D pooling: maximum, average and adaptive average.
+
+use ai3_kernels::cpu::pool;
+use ai3_kernels::params::{AdaptivePool2dParams, AvgPoolOptions, Pool2dParams};
+
+use super::{check_positive, image_dims, image_shape, single, with_dtype, Operation};
+use crate::error::{Error, Result};
+use crate::registry::{Algorithm, OpKind};
+use crate::tensor::{shape_str, Tensor};
+
+/// Window geometry shared by max and average pooling.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// Window `(h, w)`.
+    pub kernel: (usize, usize),
+    /// Stride `(h, w)`.
+    pub stride: (usize, usize),
+    /// Padding `(h, w)` on both sides.
+    pub padding: (usize, usize),
+    /// Dilation `(h, w)`.
+    pub dilation: (usize, usize),
+    /// PyTorch's `ceil_mode`.
+    pub ceil_mode: bool,
+}
+
+impl Window {
+    fn check(&self, op: OpKind) -> Result<()> {
+        check_positive(op, "kernel_size", &[self.kernel.0, self.kernel.1])?;
+        check_positive(op, "stride", &[self.stride.0, self.stride.1])?;
+        check_positive(op, "dilation", &[self.dilation.0, self.dilation.1])?;
+        // PyTorch's rule: padding at most half of the (dilated) window.
+        let span_h = self.dilation.0 * (self.kernel.0 - 1) + 1;
+        let span_w = self.dilation.1 * (self.kernel.1 - 1) + 1;
+        if self.padding.0 > span_h / 2 || self.padding.1 > span_w / 2 {
+            return Err(Error::invalid(
+                op.name(),
+                format!(
+                    "padding {:?} must be at most half of the window (kernel_size {:?}, dilation {:?})",
+                    self.padding, self.kernel, self.dilation
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn params(&self, op: OpKind, shape: &[usize]) -> Result<(Pool2dParams, bool)> {
+        let (n, c, h, w, batched) = image_dims(op, shape)?;
+        let p = Pool2dParams {
+            batch: n,
+            channels: c,
+            in_h: h,
+            in_w: w,
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            dilation: self.dilation,
+            ceil_mode: self.ceil_mode,
+        };
+        let span_h = self.dilation.0 * (self.kernel.0 - 1) + 1;
+        let span_w = self.dilation.1 * (self.kernel.1 - 1) + 1;
+        if h + 2 * self.padding.0 < span_h || w + 2 * self.padding.1 < span_w {
+            return Err(Error::shape(
+                op.name(),
+                format!(
+                    "window of size ({span_h}, {span_w}) (kernel {:?}, dilation {:?}) is larger than the padded input; input shape {}, padding {:?}",
+                    self.kernel,
+                    self.dilation,
+                    shape_str(shape),
+                    self.padding
+                ),
+            ));
+        }
+        Ok((p, batched))
+    }
+
+    fn output_shape(&self, op: OpKind, shape: &[usize]) -> Result<Vec<usize>> {
+        let (p, batched) = self.params(op, shape)?;
+        Ok(image_shape(
+            batched,
+            p.batch,
+            p.channels,
+            p.out_h(),
+            p.out_w(),
+        ))
+    }
+}
+
+/// Maximum over each window; padding never wins.
+#[derive(Debug)]
+pub struct MaxPool2d {
+    window: Window,
+}
+
+impl MaxPool2d {
+    /// PyTorch's `nn.MaxPool2d`.
+    pub fn new(window: Window) -> Result<Self> {
+        window.check(OpKind::MaxPool2d)?;
+        Ok(MaxPool2d { window })
+    }
+}
+
+impl Operation for MaxPool2d {
+    fn kind(&self) -> OpKind {
+        OpKind::MaxPool2d
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        self.window
+            .output_shape(OpKind::MaxPool2d, single(OpKind::MaxPool2d, inputs)?)
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(OpKind::MaxPool2d, inputs)?;
+        let (p, _) = self.window.params(OpKind::MaxPool2d, x.shape())?;
+        with_dtype!(
+            x.dtype(),
+            T,
+            pool::maxpool2d::<T>(&p, x.as_slice()?, output.as_mut_slice()?)
+        );
+        Ok(())
+    }
+}
+
+/// Mean over each window.
+#[derive(Debug)]
+pub struct AvgPool2d {
+    window: Window,
+    options: AvgPoolOptions,
+}
+
+impl AvgPool2d {
+    /// PyTorch's `nn.AvgPool2d` (the window's dilation must be 1).
+    pub fn new(window: Window, options: AvgPoolOptions) -> Result<Self> {
+        let op = OpKind::AvgPool2d;
+        window.check(op)?;
+        if window.dilation != (1, 1) {
+            return Err(Error::invalid(op.name(), "average pooling has no dilation"));
+        }
+        if options.divisor_override == Some(0) {
+            return Err(Error::invalid(
+                op.name(),
+                "divisor_override must be non-zero",
+            ));
+        }
+        Ok(AvgPool2d { window, options })
+    }
+}
+
+impl Operation for AvgPool2d {
+    fn kind(&self) -> OpKind {
+        OpKind::AvgPool2d
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        self.window
+            .output_shape(OpKind::AvgPool2d, single(OpKind::AvgPool2d, inputs)?)
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(OpKind::AvgPool2d, inputs)?;
+        let (p, _) = self.window.params(OpKind::AvgPool2d, x.shape())?;
+        with_dtype!(
+            x.dtype(),
+            T,
+            pool::avgpool2d::<T>(&p, &self.options, x.as_slice()?, output.as_mut_slice()?)
+        );
+        Ok(())
+    }
+}
+
+/// Average pooling to a fixed output size; `None` keeps that input dimension.
+#[derive(Debug)]
+pub struct AdaptiveAvgPool2d {
+    output_size: (Option<usize>, Option<usize>),
+}
+
+impl AdaptiveAvgPool2d {
+    /// PyTorch's `nn.AdaptiveAvgPool2d`.
+    pub fn new(output_size: (Option<usize>, Option<usize>)) -> Result<Self> {
+        if output_size.0 == Some(0) || output_size.1 == Some(0) {
+            return Err(Error::invalid(
+                OpKind::AdaptiveAvgPool2d.name(),
+                format!("output_size must be positive, got {output_size:?}"),
+            ));
+        }
+        Ok(AdaptiveAvgPool2d { output_size })
+    }
+
+    fn params(&self, shape: &[usize]) -> Result<(AdaptivePool2dParams, bool)> {
+        let (n, c, h, w, batched) = image_dims(OpKind::AdaptiveAvgPool2d, shape)?;
+        Ok((
+            AdaptivePool2dParams {
+                batch: n,
+                channels: c,
+                in_h: h,
+                in_w: w,
+                out_h: self.output_size.0.unwrap_or(h),
+                out_w: self.output_size.1.unwrap_or(w),
+            },
+            batched,
+        ))
+    }
+}
+
+impl Operation for AdaptiveAvgPool2d {
+    fn kind(&self) -> OpKind {
+        OpKind::AdaptiveAvgPool2d
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let (p, batched) = self.params(single(OpKind::AdaptiveAvgPool2d, inputs)?)?;
+        Ok(image_shape(batched, p.batch, p.channels, p.out_h, p.out_w))
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(OpKind::AdaptiveAvgPool2d, inputs)?;
+        let (p, _) = self.params(x.shape())?;
+        with_dtype!(
+            x.dtype(),
+            T,
+            pool::adaptive_avgpool2d::<T>(&p, x.as_slice()?, output.as_mut_slice()?)
+        );
+        Ok(())
+    }
+}

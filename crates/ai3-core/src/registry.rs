@@ -1,0 +1,445 @@
+//! The algorithm registry: for each (operation, algorithm, device), whether it
+//! is available in this build, whether it supports a given problem (and why
+//! not), and the scratch memory it needs.
+//!
+//! Algorithm names appear only here. `SUPPORTED_ALGORITHMS`, `'default'`,
+//! and every "which algorithm" error message are derived from [`REGISTRY`].
+//! Adding an algorithm means adding a kernel, an entry below, and a match arm
+//! in the operation that dispatches to it.
+
+use std::fmt;
+
+use ai3_kernels::cpu::conv2d::winograd;
+use ai3_kernels::params::{Conv2dParams, LinearParams};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The operations ai3 implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// 2-D convolution.
+    Conv2d,
+    /// Fully connected layer.
+    Linear,
+    /// Rectified linear unit.
+    Relu,
+    /// 2-D max pooling.
+    MaxPool2d,
+    /// 2-D average pooling.
+    AvgPool2d,
+    /// 2-D adaptive average pooling.
+    AdaptiveAvgPool2d,
+    /// Flattening a range of dimensions.
+    Flatten,
+}
+
+impl OpKind {
+    /// Every operation, in the order they are documented.
+    pub const ALL: [OpKind; 7] = [
+        OpKind::Conv2d,
+        OpKind::Linear,
+        OpKind::Relu,
+        OpKind::MaxPool2d,
+        OpKind::AvgPool2d,
+        OpKind::AdaptiveAvgPool2d,
+        OpKind::Flatten,
+    ];
+
+    /// The name used in selectors and messages (`'conv2d'`, `'maxpool2d'`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Conv2d => "conv2d",
+            OpKind::Linear => "linear",
+            OpKind::Relu => "relu",
+            OpKind::MaxPool2d => "maxpool2d",
+            OpKind::AvgPool2d => "avgpool2d",
+            OpKind::AdaptiveAvgPool2d => "adaptiveavgpool2d",
+            OpKind::Flatten => "flatten",
+        }
+    }
+
+    /// Looks an operation up by its name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        OpKind::ALL.into_iter().find(|op| op.name() == name)
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The algorithms ai3 knows, across all operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// The textbook loop nest.
+    Direct,
+    /// Scalar matrix multiplication with zero packing.
+    Smm,
+    /// Lowering to matrix multiplication (im2col for convolution).
+    Gemm,
+    /// Winograd minimal filtering, F(2x2, 3x3).
+    Winograd,
+    /// The user's C++ implementation from `cpp_custom/`.
+    Custom,
+}
+
+impl Algorithm {
+    /// The name used in selectors and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Direct => "direct",
+            Algorithm::Smm => "smm",
+            Algorithm::Gemm => "gemm",
+            Algorithm::Winograd => "winograd",
+            Algorithm::Custom => "custom",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Kinds of device an algorithm can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// Host CPU.
+    Cpu,
+    /// NVIDIA GPU through CUDA.
+    Cuda,
+}
+
+impl DeviceKind {
+    /// Name used in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// The concrete problem an algorithm is asked to solve, for support checks
+/// and workspace sizes.
+#[derive(Clone, Copy, Debug)]
+pub enum Problem {
+    /// A convolution with its full geometry.
+    Conv2d(Conv2dParams),
+    /// A fully connected layer.
+    Linear(LinearParams),
+    /// Any operation whose algorithms accept every valid configuration.
+    Elementwise {
+        /// Number of elements touched.
+        numel: usize,
+    },
+}
+
+/// One row of the registry.
+pub struct AlgorithmInfo {
+    /// The operation.
+    pub op: OpKind,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// The device kind it runs on.
+    pub device: DeviceKind,
+    /// One line on what it does, for listings.
+    pub summary: &'static str,
+    /// `Err(reason)` when this build or machine cannot run it at all.
+    pub available: fn() -> std::result::Result<(), String>,
+    /// `Err(reason)` when it cannot solve this problem.
+    pub supports: fn(&Problem) -> std::result::Result<(), String>,
+    /// Scratch bytes it needs beyond input, output and prepared weights.
+    pub workspace_bytes: fn(&Problem, DType) -> usize,
+}
+
+fn always() -> std::result::Result<(), String> {
+    Ok(())
+}
+
+fn any_problem(_: &Problem) -> std::result::Result<(), String> {
+    Ok(())
+}
+
+fn no_workspace(_: &Problem, _: DType) -> usize {
+    0
+}
+
+fn custom_missing(op: OpKind) -> String {
+    format!(
+        "no custom {op} was compiled in: implement it in cpp_custom/{op}.cpp and rebuild ai3 from source"
+    )
+}
+
+fn winograd_supports(problem: &Problem) -> std::result::Result<(), String> {
+    match problem {
+        Problem::Conv2d(p) => winograd::check(p),
+        _ => Err("winograd applies to conv2d only".into()),
+    }
+}
+
+fn im2col_workspace(problem: &Problem, dtype: DType) -> usize {
+    match problem {
+        Problem::Conv2d(p) => {
+            p.in_channels_per_group()
+                * p.kernel_h
+                * p.kernel_w
+                * p.out_h()
+                * p.out_w()
+                * dtype.size()
+        }
+        _ => 0,
+    }
+}
+
+fn winograd_workspace(problem: &Problem, dtype: DType) -> usize {
+    match problem {
+        Problem::Conv2d(p) => {
+            let tiles = p.out_h().div_ceil(2) * p.out_w().div_ceil(2);
+            16 * tiles * (p.in_channels_per_group() + p.out_channels_per_group()) * dtype.size()
+        }
+        _ => 0,
+    }
+}
+
+macro_rules! row {
+    ($op:ident, $algo:ident, $summary:expr) => {
+        row!($op, $algo, $summary, always, any_problem, no_workspace)
+    };
+    ($op:ident, $algo:ident, $summary:expr, $avail:expr, $supports:expr, $ws:expr) => {
+        AlgorithmInfo {
+            op: OpKind::$op,
+            algorithm: Algorithm::$algo,
+            device: DeviceKind::Cpu,
+            summary: $summary,
+            available: $avail,
+            supports: $supports,
+            workspace_bytes: $ws,
+        }
+    };
+}
+
+/// Every algorithm ai3 knows, with the first available supporting entry per
+/// operation being what `'default'` picks on the CPU.
+pub static REGISTRY: &[AlgorithmInfo] = &[
+    row!(
+        Conv2d,
+        Gemm,
+        "im2col lowering + blocked GEMM",
+        always,
+        any_problem,
+        im2col_workspace
+    ),
+    row!(Conv2d, Direct, "direct loop nest over output pixels"),
+    row!(
+        Conv2d,
+        Smm,
+        "scalar matrix multiplication with zero packing"
+    ),
+    row!(
+        Conv2d,
+        Winograd,
+        "Winograd F(2x2,3x3): 3x3 kernels, stride 1, dilation 1",
+        always,
+        winograd_supports,
+        winograd_workspace
+    ),
+    row!(
+        Conv2d,
+        Custom,
+        "the user's C++ conv2d from cpp_custom/",
+        || Err(custom_missing(OpKind::Conv2d)),
+        any_problem,
+        no_workspace
+    ),
+    row!(Linear, Gemm, "blocked GEMM with the weight read transposed"),
+    row!(
+        Linear,
+        Custom,
+        "the user's C++ linear from cpp_custom/",
+        || Err(custom_missing(OpKind::Linear)),
+        any_problem,
+        no_workspace
+    ),
+    row!(Relu, Direct, "elementwise max(x, 0)"),
+    row!(MaxPool2d, Direct, "window maximum"),
+    row!(AvgPool2d, Direct, "window mean"),
+    row!(AdaptiveAvgPool2d, Direct, "adaptive window mean"),
+    row!(Flatten, Direct, "copy under a new shape"),
+];
+
+/// The registry rows of one operation on one device kind.
+pub fn entries(op: OpKind, device: DeviceKind) -> impl Iterator<Item = &'static AlgorithmInfo> {
+    REGISTRY
+        .iter()
+        .filter(move |e| e.op == op && e.device == device)
+}
+
+/// The names a user may select for `op`: every registered algorithm plus
+/// `'default'`, in registry order.
+pub fn selectable_names(op: OpKind) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = Vec::new();
+    for e in REGISTRY.iter().filter(|e| e.op == op) {
+        if !names.contains(&e.algorithm.name()) {
+            names.push(e.algorithm.name());
+        }
+    }
+    names.push("default");
+    names
+}
+
+/// What a user asked for: a named algorithm or ai3's choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// ai3 picks (the first available supporting registry entry).
+    Default,
+    /// This algorithm, or an error saying why it cannot run.
+    Named(Algorithm),
+}
+
+impl Request {
+    /// Parses a selector string for `op`; unknown names list the valid ones.
+    pub fn parse(op: OpKind, name: &str) -> Result<Self> {
+        if name == "default" {
+            return Ok(Request::Default);
+        }
+        entries(op, DeviceKind::Cpu)
+            .find(|e| e.algorithm.name() == name)
+            .map(|e| Request::Named(e.algorithm))
+            .ok_or_else(|| {
+                let hint = if name == "torch" {
+                    " ('torch' keeps the PyTorch module and only applies to swap_operation)"
+                } else {
+                    ""
+                };
+                Error::algorithm(
+                    op.name(),
+                    format!(
+                        "unknown algorithm '{name}'{hint}; choose one of {:?}",
+                        selectable_names(op)
+                    ),
+                )
+            })
+    }
+}
+
+/// Resolves a request to the algorithm that will run on `device` for `problem`.
+pub fn resolve(
+    op: OpKind,
+    request: Request,
+    device: DeviceKind,
+    problem: &Problem,
+) -> Result<Algorithm> {
+    match request {
+        Request::Named(algo) => {
+            let entry = entries(op, device)
+                .find(|e| e.algorithm == algo)
+                .ok_or_else(|| {
+                    Error::algorithm(
+                        op.name(),
+                        format!(
+                            "algorithm '{algo}' has no implementation on {}",
+                            device.name()
+                        ),
+                    )
+                })?;
+            (entry.available)().map_err(|why| {
+                Error::algorithm(
+                    op.name(),
+                    format!("algorithm '{algo}' is unavailable: {why}"),
+                )
+            })?;
+            (entry.supports)(problem).map_err(|why| {
+                Error::algorithm(
+                    op.name(),
+                    format!("algorithm '{algo}' does not support this configuration: {why}"),
+                )
+            })?;
+            Ok(algo)
+        }
+        Request::Default => entries(op, device)
+            .find(|e| (e.available)().is_ok() && (e.supports)(problem).is_ok())
+            .map(|e| e.algorithm)
+            .ok_or_else(|| {
+                Error::algorithm(
+                    op.name(),
+                    format!(
+                        "no algorithm on {} supports this configuration",
+                        device.name()
+                    ),
+                )
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ai3_kernels::params::Padding2d;
+
+    fn conv(k: usize, stride: usize) -> Problem {
+        Problem::Conv2d(Conv2dParams {
+            batch: 1,
+            in_channels: 4,
+            in_h: 8,
+            in_w: 8,
+            out_channels: 4,
+            kernel_h: k,
+            kernel_w: k,
+            stride: (stride, stride),
+            padding: Padding2d::symmetric(1, 1),
+            dilation: (1, 1),
+            groups: 1,
+        })
+    }
+
+    #[test]
+    fn every_operation_has_a_default() {
+        for op in OpKind::ALL {
+            let problem = if op == OpKind::Conv2d {
+                conv(3, 1)
+            } else {
+                Problem::Elementwise { numel: 1 }
+            };
+            assert!(
+                resolve(op, Request::Default, DeviceKind::Cpu, &problem).is_ok(),
+                "{op}"
+            );
+        }
+    }
+
+    #[test]
+    fn winograd_rejects_strided_with_reason() {
+        let err = resolve(
+            OpKind::Conv2d,
+            Request::Named(Algorithm::Winograd),
+            DeviceKind::Cpu,
+            &conv(3, 2),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("stride"), "{err}");
+        assert!(resolve(
+            OpKind::Conv2d,
+            Request::Named(Algorithm::Winograd),
+            DeviceKind::Cpu,
+            &conv(3, 1)
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn unknown_and_unavailable_names_explain_themselves() {
+        let err = Request::parse(OpKind::Relu, "smm").unwrap_err().to_string();
+        assert!(err.contains("'smm'") && err.contains("direct"), "{err}");
+        let custom = Request::parse(OpKind::Conv2d, "custom").unwrap();
+        let err = resolve(OpKind::Conv2d, custom, DeviceKind::Cpu, &conv(3, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no custom conv2d was compiled in"), "{err}");
+    }
+}

@@ -1,0 +1,438 @@
+//! The tensor type: dtype, shape, strides, device and storage that is either
+//! owned (64-byte aligned) or borrowed from another framework without a copy.
+
+use std::any::Any;
+use std::fmt;
+
+use crate::dtype::{DType, Device, Element};
+use crate::error::{Error, Result};
+
+/// Alignment of owned buffers, a cache line and one AVX-512 register.
+pub const ALIGNMENT: usize = 64;
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Block([u8; ALIGNMENT]);
+
+/// Memory behind a tensor.
+enum Storage {
+    /// A buffer ai3 allocated, 64-byte aligned.
+    Owned(Vec<Block>),
+    /// Memory owned by someone else (a DLPack producer such as torch), kept
+    /// alive by `owner` until this storage is dropped.
+    Borrowed {
+        /// First byte of the tensor's data (after any byte offset).
+        ptr: *mut u8,
+        /// Bytes reachable from `ptr` that the tensor may touch.
+        len: usize,
+        /// Dropping it releases the producer's memory; never read.
+        #[allow(dead_code)]
+        owner: Box<dyn Any + Send + Sync>,
+    },
+}
+
+// SAFETY: owned storage is a plain Vec; borrowed storage is a pointer the
+// producer handed over with the promise (DLPack's contract) that it stays
+// valid until `owner` is dropped, and every mutable access goes through
+// `&mut Tensor`, so Rust's aliasing rules still hold for ai3's own accesses.
+unsafe impl Send for Storage {}
+unsafe impl Sync for Storage {}
+
+impl Storage {
+    fn owned_zeroed(bytes: usize) -> Self {
+        Storage::Owned(vec![Block([0; ALIGNMENT]); bytes.div_ceil(ALIGNMENT)])
+    }
+
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Storage::Owned(v) => v.as_ptr() as *const u8,
+            Storage::Borrowed { ptr, .. } => *ptr,
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            Storage::Owned(v) => v.as_mut_ptr() as *mut u8,
+            Storage::Borrowed { ptr, .. } => *ptr,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Storage::Owned(v) => v.len() * ALIGNMENT,
+            Storage::Borrowed { len, .. } => *len,
+        }
+    }
+}
+
+/// An n-dimensional array of f32 or f64.
+///
+/// Strides are in elements, as in PyTorch. Kernels need contiguous row-major
+/// data; [`Tensor::contiguous`] gives that, copying only when the layout
+/// differs.
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    device: Device,
+    storage: Storage,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("strides", &self.strides)
+            .field("device", &self.device)
+            .field("borrowed", &self.is_borrowed())
+            .finish()
+    }
+}
+
+/// Row-major strides of `shape`, in elements.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc *= d.max(1) as isize;
+    }
+    strides
+}
+
+/// Formats a shape the way PyTorch prints it: `[2, 3, 4]`.
+pub fn shape_str(shape: &[usize]) -> String {
+    format!("{shape:?}")
+}
+
+impl Tensor {
+    /// A new owned, zero-filled, contiguous tensor on the CPU.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Self {
+        let numel: usize = shape.iter().product();
+        Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            device: Device::Cpu,
+            storage: Storage::owned_zeroed(numel * dtype.size()),
+        }
+    }
+
+    /// A new owned CPU tensor holding a copy of `data`.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Self> {
+        let numel: usize = shape.iter().product();
+        if numel != data.len() {
+            return Err(Error::shape(
+                "tensor",
+                format!(
+                    "{} elements do not fill shape {}",
+                    data.len(),
+                    shape_str(shape)
+                ),
+            ));
+        }
+        let mut t = Tensor::zeros(T::DTYPE, shape);
+        t.as_mut_slice::<T>()?.copy_from_slice(data);
+        Ok(t)
+    }
+
+    /// Wraps memory owned by another framework without copying it.
+    ///
+    /// # Safety
+    /// `ptr` must point to memory of `dtype` elements that is valid for reads
+    /// and writes at every offset `sum(index[i] * strides[i])` for indices
+    /// within `shape`, on `device`, for as long as `owner` is alive, and no one
+    /// else may write it while this tensor is in use.
+    pub unsafe fn from_raw_parts(
+        ptr: *mut u8,
+        dtype: DType,
+        shape: Vec<usize>,
+        strides: Vec<isize>,
+        device: Device,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Self> {
+        if shape.len() != strides.len() {
+            return Err(Error::internal(
+                "tensor",
+                format!(
+                    "shape {} and strides {strides:?} differ in rank",
+                    shape_str(&shape)
+                ),
+            ));
+        }
+        if strides.iter().any(|&s| s < 0) {
+            return Err(Error::invalid(
+                "tensor",
+                format!("negative strides {strides:?} are not supported"),
+            ));
+        }
+        let numel: usize = shape.iter().product();
+        let span = if numel == 0 {
+            0
+        } else {
+            shape
+                .iter()
+                .zip(&strides)
+                .map(|(&d, &s)| (d - 1) * s as usize)
+                .sum::<usize>()
+                + 1
+        };
+        Ok(Tensor {
+            dtype,
+            shape,
+            strides,
+            device,
+            storage: Storage::Borrowed {
+                ptr,
+                len: span * dtype.size(),
+                owner,
+            },
+        })
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Strides in elements.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+    /// Device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Whether the memory belongs to another framework.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.storage, Storage::Borrowed { .. })
+    }
+    /// Address of the first element (what DLPack and `data_ptr()` report).
+    pub fn data_ptr(&self) -> *const u8 {
+        self.storage.as_ptr()
+    }
+    /// Mutable address of the first element.
+    pub fn data_ptr_mut(&mut self) -> *mut u8 {
+        self.storage.as_mut_ptr()
+    }
+
+    /// Whether elements are laid out row-major without gaps. Dimensions of
+    /// size 1 may have any stride, as in PyTorch.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1isize;
+        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d as isize;
+        }
+        true
+    }
+
+    fn check_typed<T: Element>(&self) -> Result<()> {
+        if self.dtype != T::DTYPE {
+            return Err(Error::internal(
+                "tensor",
+                format!("read as {} but holds {}", T::DTYPE, self.dtype),
+            ));
+        }
+        if !self.is_contiguous() {
+            return Err(Error::internal(
+                "tensor",
+                "slice view of a non-contiguous tensor",
+            ));
+        }
+        if self.device != Device::Cpu {
+            return Err(Error::device(
+                "tensor",
+                format!("host view of a tensor on {}", self.device),
+            ));
+        }
+        if self.numel() * T::DTYPE.size() > self.storage.len() {
+            return Err(Error::internal("tensor", "storage smaller than the shape"));
+        }
+        Ok(())
+    }
+
+    /// The elements as a slice (contiguous CPU tensors of dtype `T` only).
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        self.check_typed::<T>()?;
+        let n = self.numel();
+        if n == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: checked dtype, contiguity and length above; the storage
+        // (owned, or borrowed under `from_raw_parts`' contract) lives as long as `self`.
+        Ok(unsafe { std::slice::from_raw_parts(self.storage.as_ptr() as *const T, n) })
+    }
+
+    /// The elements as a mutable slice (contiguous CPU tensors of dtype `T` only).
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        self.check_typed::<T>()?;
+        let n = self.numel();
+        if n == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.storage.as_mut_ptr() as *mut T, n) })
+    }
+
+    /// The same data under another shape with as many elements (contiguous tensors only).
+    pub fn reshape(self, shape: &[usize]) -> Result<Self> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(Error::shape(
+                "reshape",
+                format!(
+                    "cannot view {} as {}",
+                    shape_str(&self.shape),
+                    shape_str(shape)
+                ),
+            ));
+        }
+        if !self.is_contiguous() {
+            return self.to_contiguous()?.reshape(shape);
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            ..self
+        })
+    }
+
+    /// An owned contiguous copy of a CPU tensor, following its strides.
+    pub fn to_contiguous(&self) -> Result<Tensor> {
+        match self.dtype {
+            DType::F32 => self.gather::<f32>(),
+            DType::F64 => self.gather::<f64>(),
+        }
+    }
+
+    /// Converts to `dtype`, copying; returns an owned contiguous tensor.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        let src = if self.is_contiguous() {
+            None
+        } else {
+            Some(self.to_contiguous()?)
+        };
+        let src = src.as_ref().unwrap_or(self);
+        let mut out = Tensor::zeros(dtype, &self.shape);
+        match (src.dtype, dtype) {
+            (DType::F32, DType::F32) => out.as_mut_slice()?.copy_from_slice(src.as_slice::<f32>()?),
+            (DType::F64, DType::F64) => out.as_mut_slice()?.copy_from_slice(src.as_slice::<f64>()?),
+            (DType::F32, DType::F64) => {
+                for (o, &i) in out
+                    .as_mut_slice::<f64>()?
+                    .iter_mut()
+                    .zip(src.as_slice::<f32>()?)
+                {
+                    *o = i as f64;
+                }
+            }
+            (DType::F64, DType::F32) => {
+                for (o, &i) in out
+                    .as_mut_slice::<f32>()?
+                    .iter_mut()
+                    .zip(src.as_slice::<f64>()?)
+                {
+                    *o = i as f32;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn gather<T: Element>(&self) -> Result<Tensor> {
+        if self.device != Device::Cpu {
+            return Err(Error::device(
+                "tensor",
+                format!("cannot copy a tensor on {} on the host", self.device),
+            ));
+        }
+        let mut out = Tensor::zeros(self.dtype, &self.shape);
+        let numel = self.numel();
+        if numel == 0 {
+            return Ok(out);
+        }
+        let base = self.storage.as_ptr() as *const T;
+        let dst = out.as_mut_slice::<T>()?;
+        let rank = self.shape.len();
+        let mut index = vec![0usize; rank];
+        let mut offset = 0isize;
+        for d in dst.iter_mut() {
+            // SAFETY: `offset` is a valid index by `from_raw_parts`' contract.
+            *d = unsafe { *base.offset(offset) };
+            for ax in (0..rank).rev() {
+                index[ax] += 1;
+                offset += self.strides[ax];
+                if index[ax] < self.shape[ax] {
+                    break;
+                }
+                offset -= self.strides[ax] * self.shape[ax] as isize;
+                index[ax] = 0;
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_buffers_are_aligned_and_zeroed() {
+        let t = Tensor::zeros(DType::F32, &[3, 5]);
+        assert_eq!(t.data_ptr() as usize % ALIGNMENT, 0);
+        assert!(t.as_slice::<f32>().unwrap().iter().all(|&v| v == 0.0));
+        assert!(t.is_contiguous());
+    }
+
+    #[test]
+    fn strided_borrow_is_gathered_in_logical_order() {
+        // A 2x3 row-major buffer viewed transposed as 3x2.
+        let mut data: Vec<f64> = (0..6).map(|v| v as f64).collect();
+        let ptr = data.as_mut_ptr() as *mut u8;
+        let t = unsafe {
+            Tensor::from_raw_parts(
+                ptr,
+                DType::F64,
+                vec![3, 2],
+                vec![1, 3],
+                Device::Cpu,
+                Box::new(()),
+            )
+        }
+        .unwrap();
+        assert!(!t.is_contiguous());
+        let c = t.to_contiguous().unwrap();
+        assert_eq!(
+            c.as_slice::<f64>().unwrap(),
+            &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+        );
+    }
+
+    #[test]
+    fn wrong_dtype_view_is_an_error_not_a_panic() {
+        let t = Tensor::zeros(DType::F64, &[2]);
+        assert!(t.as_slice::<f32>().is_err());
+    }
+
+    #[test]
+    fn reshape_checks_element_count() {
+        let t = Tensor::zeros(DType::F32, &[2, 3]);
+        assert!(Tensor::zeros(DType::F32, &[2, 3]).reshape(&[5]).is_err());
+        assert_eq!(t.reshape(&[6]).unwrap().shape(), &[6]);
+    }
+}

@@ -1,0 +1,137 @@
+//! 2-D convolution on the CPU, one file per algorithm.
+//!
+//! All algorithms share one contract: contiguous NCHW input, weight
+//! `[out_channels, in_channels / groups, kernel_h, kernel_w]` (Winograd takes
+//! its own pre-transformed weight instead), optional bias `[out_channels]`,
+//! implicit zero padding given per side, and an output buffer of
+//! [`Conv2dParams::output_len`](crate::params::Conv2dParams::output_len)
+//! elements that is fully overwritten.
+
+pub mod direct;
+pub mod gemm;
+pub mod smm;
+pub mod winograd;
+
+use rayon::prelude::*;
+
+use crate::params::Conv2dParams;
+
+/// Upper bound, in elements, on the scratch buffers (im2col columns,
+/// Winograd tiles) one call allocates, so memory stays bounded for large images.
+pub(crate) const WORKSPACE_ELEMENTS: usize = 8 << 20;
+
+/// The output indices `o` in `[start, end)` for which the input index
+/// `o * stride + offset - pad` lands inside `[0, in_len)`.
+///
+/// Computing this range once per kernel tap lets the algorithms skip the
+/// padded border without materialising a padded copy of the input.
+#[inline]
+pub(crate) fn valid_range(
+    out_len: usize,
+    in_len: usize,
+    stride: usize,
+    offset: usize,
+    pad: usize,
+) -> (usize, usize) {
+    let start = if offset >= pad {
+        0
+    } else {
+        (pad - offset).div_ceil(stride)
+    };
+    let end = if offset >= in_len + pad {
+        0
+    } else {
+        (in_len + pad - offset).div_ceil(stride)
+    };
+    let end = end.min(out_len);
+    (start.min(end), end)
+}
+
+/// How much of the machine one `(image, group)` task may use.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TaskBudget {
+    /// Scratch elements the task may allocate.
+    pub workspace: usize,
+    /// Whether the task should parallelise internally (tasks run one after
+    /// another) or stay single-threaded (tasks already run in parallel).
+    pub parallel_inside: bool,
+}
+
+impl TaskBudget {
+    /// The gemm crate's threading setting matching this budget.
+    pub fn gemm_parallelism(&self) -> ::gemm::Parallelism {
+        if self.parallel_inside {
+            ::gemm::Parallelism::Rayon(0)
+        } else {
+            ::gemm::Parallelism::None
+        }
+    }
+}
+
+/// Runs `task(image, group, output_of_that_image_and_group, budget)` for every
+/// `(image, group)` pair; each pair owns a contiguous
+/// `[out_channels / groups, out_h, out_w]` block of the output.
+///
+/// With at least as many pairs as threads (large batches, depthwise) the pairs
+/// run in parallel, each single-threaded with a share of the workspace;
+/// otherwise they run in turn and parallelise inside, so small batches still
+/// use every core.
+pub(crate) fn for_each_image_group<T, F>(p: &Conv2dParams, output: &mut [T], task: F)
+where
+    T: Send,
+    F: Fn(usize, usize, &mut [T], TaskBudget) + Sync,
+{
+    let block = p.out_channels_per_group() * p.out_h() * p.out_w();
+    if block == 0 {
+        return;
+    }
+    let tasks = p.batch * p.groups;
+    let threads = rayon::current_num_threads();
+    if threads > 1 && tasks >= threads {
+        let budget = TaskBudget {
+            workspace: (WORKSPACE_ELEMENTS / threads).max(1),
+            parallel_inside: false,
+        };
+        output
+            .par_chunks_mut(block)
+            .enumerate()
+            .for_each(|(t, out)| task(t / p.groups, t % p.groups, out, budget));
+    } else {
+        let budget = TaskBudget {
+            workspace: WORKSPACE_ELEMENTS,
+            parallel_inside: threads > 1,
+        };
+        output
+            .chunks_mut(block)
+            .enumerate()
+            .for_each(|(t, out)| task(t / p.groups, t % p.groups, out, budget));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_range;
+
+    #[test]
+    fn valid_range_matches_brute_force() {
+        for out_len in 0..6 {
+            for in_len in 1..6 {
+                for stride in 1..4 {
+                    for offset in 0..5 {
+                        for pad in 0..4 {
+                            let ok: Vec<usize> = (0..out_len)
+                                .filter(|&o| {
+                                    let i = (o * stride + offset) as isize - pad as isize;
+                                    i >= 0 && (i as usize) < in_len
+                                })
+                                .collect();
+                            let (s, e) = valid_range(out_len, in_len, stride, offset, pad);
+                            let got: Vec<usize> = (s..e).collect();
+                            assert_eq!(got, ok, "{out_len} {in_len} {stride} {offset} {pad}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! The one place the kernels call into the `gemm` crate.
+
+use gemm::Parallelism;
+
+use crate::Float;
+
+/// A row-major-ish view of a matrix: base pointer plus row and column strides
+/// in elements, so transposed or interleaved operands need no copy.
+#[derive(Clone, Copy)]
+pub(crate) struct MatPtr<T> {
+    pub ptr: *const T,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// `dst[m x n] = lhs[m x k] @ rhs[k x n]`, or `+=` when `accumulate`.
+///
+/// `dst` has unit column stride and row stride `dst_rs`.
+///
+/// # Safety
+/// Every element addressed through the three views must be in bounds of a
+/// live allocation, and `dst` must not overlap `lhs` or `rhs`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matmul<T: Float>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: MatPtr<T>,
+    rhs: MatPtr<T>,
+    parallelism: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // An empty sum is zero; handled here so the gemm crate never sees it.
+        if !accumulate {
+            for i in 0..m {
+                // SAFETY: the caller guarantees the m x n destination is in bounds.
+                unsafe { std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n) }.fill(T::zero());
+            }
+        }
+        return;
+    }
+    // SAFETY: forwarded from the caller; T is f32 or f64, which gemm supports.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.ptr,
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.ptr,
+            rhs.cs as isize,
+            rhs.rs as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}

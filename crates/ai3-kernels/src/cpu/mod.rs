@@ -1,0 +1,15 @@
+//! CPU kernels: one module per operation family, one file per algorithm.
+//!
+//! Every kernel works on contiguous NCHW slices whose lengths the caller has
+//! already checked against the parameter struct, and writes into a buffer the
+//! caller owns. Parallelism comes from rayon over independent output blocks.
+
+pub mod activation;
+pub mod conv2d;
+pub mod linear;
+mod matmul;
+pub mod pad;
+pub mod pool;
+
+#[cfg(test)]
+pub(crate) mod test_util;

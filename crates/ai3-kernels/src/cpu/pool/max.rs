@@ -1,0 +1,171 @@
+//! Max pooling.
+
+use super::for_each_plane;
+use crate::params::Pool2dParams;
+use crate::Float;
+
+/// 2-D max pooling as PyTorch's `max_pool2d`: padding counts as `-inf`,
+/// dilation spreads the window, `ceil_mode` windows are clipped to the input,
+/// and a NaN anywhere in a window makes that output NaN.
+pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) {
+    debug_assert_eq!(input.len(), p.input_len());
+    debug_assert_eq!(output.len(), p.output_len());
+    let (oh, ow) = (p.out_h(), p.out_w());
+    let (kh, kw) = p.kernel;
+    let (sh, sw) = p.stride;
+    let (ph, pw) = p.padding;
+    let (dh, dw) = p.dilation;
+    let (ih, iw) = (p.in_h as isize, p.in_w as isize);
+    for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
+        for y in 0..oh {
+            let y0 = (y * sh) as isize - ph as isize;
+            for x in 0..ow {
+                let x0 = (x * sw) as isize - pw as isize;
+                let mut acc = T::neg_infinity();
+                for ky in 0..kh {
+                    let iy = y0 + (ky * dh) as isize;
+                    if iy < 0 || iy >= ih {
+                        continue;
+                    }
+                    let row = &src[iy as usize * p.in_w..][..p.in_w];
+                    for kx in 0..kw {
+                        let ix = x0 + (kx * dw) as isize;
+                        if ix < 0 || ix >= iw {
+                            continue;
+                        }
+                        let v = row[ix as usize];
+                        // Once acc is NaN only another NaN can replace it, so
+                        // NaN sticks, as in PyTorch.
+                        if v > acc || v.is_nan() {
+                            acc = v;
+                        }
+                    }
+                }
+                dst[y * ow + x] = acc;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::test_util::Rng;
+
+    fn params(
+        h: usize,
+        w: usize,
+        k: usize,
+        s: usize,
+        pad: usize,
+        d: usize,
+        ceil: bool,
+    ) -> Pool2dParams {
+        Pool2dParams {
+            batch: 1,
+            channels: 1,
+            in_h: h,
+            in_w: w,
+            kernel: (k, k),
+            stride: (s, s),
+            padding: (pad, pad),
+            dilation: (d, d),
+            ceil_mode: ceil,
+        }
+    }
+
+    /// Straight from the definition: the maximum over the window's in-bounds
+    /// positions.
+    fn naive(p: &Pool2dParams, x: &[f64]) -> Vec<f64> {
+        let (oh, ow) = (p.out_h(), p.out_w());
+        let mut out = Vec::new();
+        for plane in x.chunks(p.in_h * p.in_w) {
+            for y in 0..oh {
+                for xo in 0..ow {
+                    let mut vals = Vec::new();
+                    for ky in 0..p.kernel.0 {
+                        for kx in 0..p.kernel.1 {
+                            let iy = (y * p.stride.0 + ky * p.dilation.0) as isize
+                                - p.padding.0 as isize;
+                            let ix = (xo * p.stride.1 + kx * p.dilation.1) as isize
+                                - p.padding.1 as isize;
+                            if iy >= 0
+                                && ix >= 0
+                                && (iy as usize) < p.in_h
+                                && (ix as usize) < p.in_w
+                            {
+                                vals.push(plane[iy as usize * p.in_w + ix as usize]);
+                            }
+                        }
+                    }
+                    out.push(vals.into_iter().fold(f64::NEG_INFINITY, f64::max));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn hand_computed() {
+        // 4x5 ramp, kernel 2, stride 2, ceil mode: the last column's windows
+        // are clipped to one column.
+        let x: Vec<f32> = (0..20).map(|i| i as f32).collect();
+        let p = params(4, 5, 2, 2, 0, 1, true);
+        assert_eq!((p.out_h(), p.out_w()), (2, 3));
+        let mut out = [0.0f32; 6];
+        maxpool2d(&p, &x, &mut out);
+        assert_eq!(out, [6., 8., 9., 16., 18., 19.]);
+
+        // Padding 1 with kernel 3 stride 2 on [[-1 -2] [-3 -4]]: padding must
+        // not win as 0.
+        let x = [-1.0f64, -2.0, -3.0, -4.0];
+        let p = params(2, 2, 3, 2, 1, 1, false);
+        let mut out = [0.0; 1];
+        maxpool2d(&p, &x, &mut out);
+        assert_eq!(out, [-1.0]);
+
+        // Dilation 2 on a 3x3 ramp picks the corners.
+        let x: Vec<f64> = (0..9).map(|i| -(i as f64)).collect();
+        let p = params(3, 3, 2, 1, 0, 2, false);
+        let mut out = [0.0; 1];
+        maxpool2d(&p, &x, &mut out);
+        assert_eq!(out, [0.0]);
+    }
+
+    #[test]
+    fn nan_propagates() {
+        let x = [1.0f32, f32::NAN, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let p = params(2, 4, 2, 2, 0, 1, false);
+        let mut out = [0.0f32; 2];
+        maxpool2d(&p, &x, &mut out);
+        assert!(out[0].is_nan());
+        assert_eq!(out[1], 8.0);
+    }
+
+    #[test]
+    fn matches_naive() {
+        let mut rng = Rng::new(9);
+        for &(h, w) in &[(7, 9), (8, 5), (11, 11)] {
+            for k in 1..4 {
+                for s in 1..4 {
+                    for pad in 0..=k / 2 {
+                        for d in 1..3 {
+                            for ceil in [false, true] {
+                                let mut p = params(h, w, k, s, pad, d, ceil);
+                                p.batch = 2;
+                                p.channels = 3;
+                                p.kernel = (k, k.max(2) - 1);
+                                p.padding = (pad, pad.min(p.kernel.1 / 2));
+                                p.stride = (s, 1 + s % 2);
+                                let x = rng.vec(p.input_len());
+                                let mut out = vec![f64::NAN; p.output_len()];
+                                maxpool2d(&p, &x, &mut out);
+                                assert_eq!(out, naive(&p, &x), "{p:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Helpers shared by the CPU kernels' unit tests: a deterministic generator,
+//! a textbook reference convolution in f64, and tolerance checks.
+
+use crate::params::{Conv2dParams, Padding2d};
+use crate::Float;
+
+/// SplitMix64: tiny, deterministic, and good enough to fill test tensors.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+
+    pub fn vec(&mut self, len: usize) -> Vec<f64> {
+        (0..len).map(|_| self.uniform()).collect()
+    }
+}
+
+pub fn cast<T: Float>(v: &[f64]) -> Vec<T> {
+    v.iter()
+        .map(|&x| T::from_f64(x).unwrap_or_else(T::nan))
+        .collect()
+}
+
+/// The convolution exactly as the textbook formula states it.
+pub fn reference_conv(
+    p: &Conv2dParams,
+    input: &[f64],
+    weight: &[f64],
+    bias: Option<&[f64]>,
+) -> Vec<f64> {
+    let (oh, ow) = (p.out_h(), p.out_w());
+    let icg = p.in_channels_per_group();
+    let ocg = p.out_channels_per_group();
+    let mut out = vec![0.0; p.output_len()];
+    for n in 0..p.batch {
+        for o in 0..p.out_channels {
+            let g = o / ocg;
+            for y in 0..oh {
+                for x in 0..ow {
+                    let mut s = bias.map_or(0.0, |b| b[o]);
+                    for c in 0..icg {
+                        let ci = g * icg + c;
+                        for ky in 0..p.kernel_h {
+                            for kx in 0..p.kernel_w {
+                                let iy = (y * p.stride.0 + ky * p.dilation.0) as isize
+                                    - p.padding.top as isize;
+                                let ix = (x * p.stride.1 + kx * p.dilation.1) as isize
+                                    - p.padding.left as isize;
+                                if iy < 0
+                                    || ix < 0
+                                    || iy >= p.in_h as isize
+                                    || ix >= p.in_w as isize
+                                {
+                                    continue;
+                                }
+                                let iv = input[((n * p.in_channels + ci) * p.in_h + iy as usize)
+                                    * p.in_w
+                                    + ix as usize];
+                                let wv =
+                                    weight[((o * icg + c) * p.kernel_h + ky) * p.kernel_w + kx];
+                                s += iv * wv;
+                            }
+                        }
+                    }
+                    out[((n * p.out_channels + o) * oh + y) * ow + x] = s;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Asserts `got` matches `want` within `rel` of the largest magnitude in `want`.
+pub fn assert_close<T: Float>(got: &[T], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = g.to_f64().unwrap_or(f64::NAN);
+        assert!(
+            (g - w).abs() <= rel * scale,
+            "{what}: element {i}: got {g}, want {w} (scale {scale})"
+        );
+    }
+}
+
+/// A conv configuration grid covering the cases every algorithm must handle.
+pub fn conv_grid() -> Vec<Conv2dParams> {
+    let mut out = Vec::new();
+    let kernels = [(1, 1), (3, 3), (5, 3)];
+    let strides = [(1, 1), (2, 2), (1, 2)];
+    let paddings = [
+        Padding2d::default(),
+        Padding2d::symmetric(1, 1),
+        Padding2d {
+            top: 2,
+            bottom: 0,
+            left: 1,
+            right: 3,
+        },
+    ];
+    let dilations = [(1, 1), (2, 1)];
+    // (in_channels, out_channels, groups)
+    let channels = [(3, 4, 1), (4, 6, 2), (4, 4, 4)];
+    let images = [(1, 9, 7), (3, 6, 11)];
+    for &(kh, kw) in &kernels {
+        for &stride in &strides {
+            for &padding in &paddings {
+                for &dilation in &dilations {
+                    for &(ic, oc, groups) in &channels {
+                        for &(batch, in_h, in_w) in &images {
+                            let p = Conv2dParams {
+                                batch,
+                                in_channels: ic,
+                                in_h,
+                                in_w,
+                                out_channels: oc,
+                                kernel_h: kh,
+                                kernel_w: kw,
+                                stride,
+                                padding,
+                                dilation,
+                                groups,
+                            };
+                            if p.effective_kernel_h() <= p.padded_h()
+                                && p.effective_kernel_w() <= p.padded_w()
+                            {
+                                out.push(p);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A convolution algorithm taking the plain weight.
+pub type ConvFn<T> = fn(&Conv2dParams, &[T], &[T], Option<&[T]>, &mut [T]);
+
+/// Runs `conv` (an algorithm taking the plain weight) over the grid, in f32
+/// and f64, with and without bias, against [`reference_conv`].
+pub fn check_conv_algorithm(name: &str, conv32: ConvFn<f32>, conv64: ConvFn<f64>) {
+    let mut rng = Rng::new(7);
+    for p in conv_grid() {
+        let input = rng.vec(p.input_len());
+        let weight = rng.vec(p.weight_len());
+        let bias_v = rng.vec(p.out_channels);
+        for bias in [None, Some(bias_v.as_slice())] {
+            let want = reference_conv(&p, &input, &weight, bias);
+            let what = format!("{name} {p:?} bias={}", bias.is_some());
+
+            let mut out64 = vec![f64::NAN; p.output_len()];
+            conv64(&p, &input, &weight, bias, &mut out64);
+            assert_close(&out64, &want, 1e-10, &what);
+
+            let b32 = bias.map(cast::<f32>);
+            let mut out32 = vec![f32::NAN; p.output_len()];
+            conv32(
+                &p,
+                &cast::<f32>(&input),
+                &cast::<f32>(&weight),
+                b32.as_deref(),
+                &mut out32,
+            );
+            assert_close(&out32, &want, 1e-4, &what);
+        }
+    }
+}
+
+/// Runs `f` on a two-thread pool, so the kernels' "many tasks, one thread
+/// each" path is exercised whatever the machine's core count.
+pub fn on_two_threads(f: impl FnOnce() + Send) {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("a two-thread pool")
+        .install(f);
+}

@@ -1,0 +1,25 @@
+//! The element trait every kernel is generic over.
+
+use std::fmt::Debug;
+use std::iter::Sum;
+use std::ops::{AddAssign, MulAssign};
+
+/// A floating-point element type a kernel can compute in (f32 and f64).
+///
+/// Kernels are written once against this trait instead of being copied per dtype.
+pub trait Float:
+    num_traits::Float
+    + num_traits::FromPrimitive
+    + Default
+    + Debug
+    + Send
+    + Sync
+    + Sum
+    + AddAssign
+    + MulAssign
+    + 'static
+{
+}
+
+impl Float for f32 {}
+impl Float for f64 {}

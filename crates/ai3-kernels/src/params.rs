@@ -1,0 +1,276 @@
+//! Parameter structs shared by the kernels and by `ai3-core`.
+//!
+//! They live in the lowest layer so that kernels and the core agree on one
+//! description of each operation; `ai3-core` re-exports them and adds
+//! validation against user input. Every struct describes a batched NCHW
+//! problem on contiguous buffers: unbatched input is passed with `batch = 1`.
+
+/// Zero padding on each side of a 2-D image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct Padding2d {
+    /// Rows of zeros above the image.
+    pub top: usize,
+    /// Rows of zeros below the image.
+    pub bottom: usize,
+    /// Columns of zeros left of the image.
+    pub left: usize,
+    /// Columns of zeros right of the image.
+    pub right: usize,
+}
+
+impl Padding2d {
+    /// The same padding `(h, w)` on both sides of each dimension, as PyTorch's `padding=(h, w)`.
+    pub fn symmetric(h: usize, w: usize) -> Self {
+        Self {
+            top: h,
+            bottom: h,
+            left: w,
+            right: w,
+        }
+    }
+}
+
+/// A 2-D convolution: input `[batch, in_channels, in_h, in_w]`, weight
+/// `[out_channels, in_channels / groups, kernel_h, kernel_w]`, optional bias
+/// `[out_channels]`, output `[batch, out_channels, out_h(), out_w()]`.
+///
+/// Padding here is always zero padding; other padding modes are materialised
+/// by the caller before the kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dParams {
+    /// Number of images.
+    pub batch: usize,
+    /// Input channels (all groups together).
+    pub in_channels: usize,
+    /// Input height.
+    pub in_h: usize,
+    /// Input width.
+    pub in_w: usize,
+    /// Output channels (all groups together).
+    pub out_channels: usize,
+    /// Kernel height.
+    pub kernel_h: usize,
+    /// Kernel width.
+    pub kernel_w: usize,
+    /// Stride `(h, w)`.
+    pub stride: (usize, usize),
+    /// Zero padding on each side.
+    pub padding: Padding2d,
+    /// Dilation `(h, w)`.
+    pub dilation: (usize, usize),
+    /// Number of groups; `in_channels` and `out_channels` are multiples of it.
+    pub groups: usize,
+}
+
+impl Conv2dParams {
+    /// Effective (dilated) kernel height.
+    pub fn effective_kernel_h(&self) -> usize {
+        self.dilation.0 * (self.kernel_h - 1) + 1
+    }
+    /// Effective (dilated) kernel width.
+    pub fn effective_kernel_w(&self) -> usize {
+        self.dilation.1 * (self.kernel_w - 1) + 1
+    }
+    /// Padded input height.
+    pub fn padded_h(&self) -> usize {
+        self.in_h + self.padding.top + self.padding.bottom
+    }
+    /// Padded input width.
+    pub fn padded_w(&self) -> usize {
+        self.in_w + self.padding.left + self.padding.right
+    }
+    /// Output height (the caller guarantees the kernel fits in the padded input).
+    pub fn out_h(&self) -> usize {
+        (self.padded_h() - self.effective_kernel_h()) / self.stride.0 + 1
+    }
+    /// Output width (the caller guarantees the kernel fits in the padded input).
+    pub fn out_w(&self) -> usize {
+        (self.padded_w() - self.effective_kernel_w()) / self.stride.1 + 1
+    }
+    /// Input channels seen by one group.
+    pub fn in_channels_per_group(&self) -> usize {
+        self.in_channels / self.groups
+    }
+    /// Output channels produced by one group.
+    pub fn out_channels_per_group(&self) -> usize {
+        self.out_channels / self.groups
+    }
+    /// Number of input elements.
+    pub fn input_len(&self) -> usize {
+        self.batch * self.in_channels * self.in_h * self.in_w
+    }
+    /// Number of weight elements.
+    pub fn weight_len(&self) -> usize {
+        self.out_channels * self.in_channels_per_group() * self.kernel_h * self.kernel_w
+    }
+    /// Number of output elements.
+    pub fn output_len(&self) -> usize {
+        self.batch * self.out_channels * self.out_h() * self.out_w()
+    }
+}
+
+/// Output length of one pooled dimension, following PyTorch's rule: with
+/// `ceil_mode` the last window must start inside the input or left padding.
+pub fn pooled_len(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    dilation: usize,
+    ceil_mode: bool,
+) -> usize {
+    let span = dilation * (kernel - 1) + 1;
+    let room = input + 2 * padding - span;
+    let mut out = if ceil_mode {
+        room.div_ceil(stride) + 1
+    } else {
+        room / stride + 1
+    };
+    if ceil_mode && (out - 1) * stride >= input + padding {
+        out -= 1;
+    }
+    out
+}
+
+/// A 2-D pooling window over `[batch, channels, in_h, in_w]`, output
+/// `[batch, channels, out_h, out_w]` (maximum and average pooling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pool2dParams {
+    /// Number of images.
+    pub batch: usize,
+    /// Channels.
+    pub channels: usize,
+    /// Input height.
+    pub in_h: usize,
+    /// Input width.
+    pub in_w: usize,
+    /// Window `(h, w)`.
+    pub kernel: (usize, usize),
+    /// Stride `(h, w)`.
+    pub stride: (usize, usize),
+    /// Implicit padding `(h, w)` on both sides (never counted as a maximum).
+    pub padding: (usize, usize),
+    /// Dilation `(h, w)`; average pooling requires `(1, 1)`.
+    pub dilation: (usize, usize),
+    /// PyTorch's `ceil_mode`.
+    pub ceil_mode: bool,
+}
+
+impl Pool2dParams {
+    /// Output height.
+    pub fn out_h(&self) -> usize {
+        pooled_len(
+            self.in_h,
+            self.kernel.0,
+            self.stride.0,
+            self.padding.0,
+            self.dilation.0,
+            self.ceil_mode,
+        )
+    }
+    /// Output width.
+    pub fn out_w(&self) -> usize {
+        pooled_len(
+            self.in_w,
+            self.kernel.1,
+            self.stride.1,
+            self.padding.1,
+            self.dilation.1,
+            self.ceil_mode,
+        )
+    }
+    /// Number of input elements.
+    pub fn input_len(&self) -> usize {
+        self.batch * self.channels * self.in_h * self.in_w
+    }
+    /// Number of output elements.
+    pub fn output_len(&self) -> usize {
+        self.batch * self.channels * self.out_h() * self.out_w()
+    }
+}
+
+/// What average pooling divides each window's sum by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AvgPoolOptions {
+    /// Count padded positions in the divisor (PyTorch's `count_include_pad`).
+    pub count_include_pad: bool,
+    /// Divide by this instead (PyTorch's `divisor_override`).
+    pub divisor_override: Option<usize>,
+}
+
+/// Adaptive pooling of `[batch, channels, in_h, in_w]` to `[batch, channels, out_h, out_w]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AdaptivePool2dParams {
+    /// Number of images.
+    pub batch: usize,
+    /// Channels.
+    pub channels: usize,
+    /// Input height.
+    pub in_h: usize,
+    /// Input width.
+    pub in_w: usize,
+    /// Output height.
+    pub out_h: usize,
+    /// Output width.
+    pub out_w: usize,
+}
+
+impl AdaptivePool2dParams {
+    /// Number of input elements.
+    pub fn input_len(&self) -> usize {
+        self.batch * self.channels * self.in_h * self.in_w
+    }
+    /// Number of output elements.
+    pub fn output_len(&self) -> usize {
+        self.batch * self.channels * self.out_h * self.out_w
+    }
+}
+
+/// A fully connected layer: input `[rows, in_features]`, weight
+/// `[out_features, in_features]`, optional bias `[out_features]`, output
+/// `[rows, out_features]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LinearParams {
+    /// Rows of the input (the product of all leading dimensions).
+    pub rows: usize,
+    /// Input features.
+    pub in_features: usize,
+    /// Output features.
+    pub out_features: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooled_len_matches_pytorch_rules() {
+        // 5 -> kernel 2 stride 2: floor gives 2, ceil gives 3.
+        assert_eq!(pooled_len(5, 2, 2, 0, 1, false), 2);
+        assert_eq!(pooled_len(5, 2, 2, 0, 1, true), 3);
+        // With padding the last ceil window would start in the right padding: dropped.
+        assert_eq!(pooled_len(4, 2, 2, 1, 1, true), 3);
+        // Dilation widens the window.
+        assert_eq!(pooled_len(7, 3, 1, 0, 2, false), 3);
+    }
+
+    #[test]
+    fn conv_output_shape() {
+        let p = Conv2dParams {
+            batch: 2,
+            in_channels: 4,
+            in_h: 9,
+            in_w: 7,
+            out_channels: 6,
+            kernel_h: 3,
+            kernel_w: 2,
+            stride: (2, 1),
+            padding: Padding2d::symmetric(1, 0),
+            dilation: (1, 2),
+            groups: 2,
+        };
+        assert_eq!(p.out_h(), (9 + 2 - 3) / 2 + 1);
+        assert_eq!(p.out_w(), 7 - 2 - 1 + 1);
+        assert_eq!(p.weight_len(), 6 * 2 * 3 * 2);
+    }
+}

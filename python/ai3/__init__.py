@@ -1,0 +1,87 @@
+"""ai3: fine-grained algorithmic control over the operations of PyTorch networks.
+
+Two ways in:
+
+- :func:`convert` (alias :func:`swap_backend`) turns a whole network into an
+  :class:`ai3.Model` that runs entirely in Rust;
+- :func:`swap_operation` (and ``swap_conv2d``, ``swap_linear``, ...) replaces
+  modules in place, so the network still trains and compiles.
+
+Both take algorithmic selectors: a name, a list in forward order, or a
+function of the module (and its input shape).
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .algorithms import (
+    DEFAULT_ALGOS,
+    OPERATIONS,
+    SUPPORTED_ALGORITHMS,
+    algorithm_table,
+    using_cublas,
+    using_cudnn,
+    using_mps_and_metal,
+    using_sycl,
+)
+from .convert import convert, swap_backend
+from .errors import (
+    AlgorithmError,
+    DeviceError,
+    DtypeError,
+    Error,
+    InternalError,
+    InvalidArgumentError,
+    SelectorError,
+    ShapeError,
+    UnsupportedOperationError,
+)
+from .model import Model
+from .selectors import AlgorithmicSelector
+from .swap import (
+    swap_adaptiveavgpool2d,
+    swap_avgpool2d,
+    swap_conv2d,
+    swap_flatten,
+    swap_linear,
+    swap_maxpool2d,
+    swap_operation,
+    swap_relu,
+)
+
+try:
+    __version__ = version("aithree")
+except PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "AlgorithmError",
+    "AlgorithmicSelector",
+    "DEFAULT_ALGOS",
+    "DeviceError",
+    "DtypeError",
+    "Error",
+    "InternalError",
+    "InvalidArgumentError",
+    "Model",
+    "OPERATIONS",
+    "SUPPORTED_ALGORITHMS",
+    "SelectorError",
+    "ShapeError",
+    "UnsupportedOperationError",
+    "__version__",
+    "algorithm_table",
+    "convert",
+    "swap_adaptiveavgpool2d",
+    "swap_avgpool2d",
+    "swap_backend",
+    "swap_conv2d",
+    "swap_flatten",
+    "swap_linear",
+    "swap_maxpool2d",
+    "swap_operation",
+    "swap_relu",
+    "using_cublas",
+    "using_cudnn",
+    "using_mps_and_metal",
+    "using_sycl",
+]

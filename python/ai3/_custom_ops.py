@@ -1,0 +1,346 @@
+"""``torch.library`` custom operators behind swapped modules.
+
+Each operator runs ai3's kernel in its eager implementation, has a fake
+(meta) implementation so ``torch.compile(fullgraph=True)`` can trace it, and
+an autograd formula written with ATen's own backward operators so gradients
+equal PyTorch's. Inputs reach the operators already batched (4-D) and with
+symmetric zero padding: the swapped modules handle the rest in plain torch.
+"""
+
+from typing import List, Optional  # torch.library's schema inference needs these spellings
+
+import torch
+
+from . import _core
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def _run(x: torch.Tensor, build) -> torch.Tensor:
+    """Builds a one-node ai3 model borrowing the tensors (no copies) and runs it."""
+    from .errors import DtypeError
+
+    name = _DTYPE_NAMES.get(x.dtype)
+    if name is None:
+        raise DtypeError(
+            f"unsupported dtype {x.dtype} for input of shape {list(x.shape)}; "
+            "ai3 computes in float32 and float64"
+        )
+    model = _core.Model(name, 1, copy_weights=False)
+    model.set_outputs([build(model)])
+    return torch.from_dlpack(model.run([x.detach()])[0])
+
+
+def _out_len(size: int, k: int, s: int, p: int, d: int, ceil: bool = False) -> int:
+    span = d * (k - 1) + 1
+    room = size + 2 * p - span
+    out = (-(-room // s) if ceil else room // s) + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach()
+
+
+# ---- conv2d -------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ai3::conv2d", mutates_args=())
+def conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    groups: int,
+    algorithm: str,
+) -> torch.Tensor:
+    """ai3's conv2d on batched input with symmetric zero padding ``(h, w)``."""
+    ph, pw = padding
+    return _run(
+        x,
+        lambda m: m.conv2d(
+            "conv2d",
+            0,
+            weight.detach(),
+            _detached(bias),
+            tuple(stride),
+            (ph, ph, pw, pw),
+            tuple(dilation),
+            groups,
+            "zeros",
+            algorithm,
+        ),
+    )
+
+
+@conv2d.register_fake
+def _(x, weight, bias, stride, padding, dilation, groups, algorithm):
+    n, _, h, w = x.shape
+    oc, _, kh, kw = weight.shape
+    oh = _out_len(h, kh, stride[0], padding[0], dilation[0])
+    ow = _out_len(w, kw, stride[1], padding[1], dilation[1])
+    return x.new_empty((n, oc, oh, ow))
+
+
+def _conv2d_setup(ctx, inputs, output):
+    x, weight, bias, stride, padding, dilation, groups, _ = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+    ctx.conf = (stride, padding, dilation, groups)
+
+
+def _conv2d_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    stride, padding, dilation, groups = ctx.conf
+    mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+    gx, gw, gb = torch.ops.aten.convolution_backward(
+        grad,
+        x,
+        weight,
+        [weight.shape[0]] if ctx.has_bias else None,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0, 0],
+        groups,
+        mask,
+    )
+    return gx, gw, gb, None, None, None, None, None
+
+
+conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
+
+
+# ---- linear -------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ai3::linear", mutates_args=())
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], algorithm: str
+) -> torch.Tensor:
+    """ai3's fully connected layer over the last dimension."""
+    return _run(x, lambda m: m.linear("linear", 0, weight.detach(), _detached(bias), algorithm))
+
+
+@linear.register_fake
+def _(x, weight, bias, algorithm):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    g2 = grad.reshape(-1, weight.shape[0])
+    gx = (grad @ weight) if ctx.needs_input_grad[0] else None
+    gw = (g2.t() @ x.reshape(-1, weight.shape[1])) if ctx.needs_input_grad[1] else None
+    gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return gx, gw, gb, None
+
+
+linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+# ---- relu ---------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ai3::relu", mutates_args=())
+def relu(x: torch.Tensor, algorithm: str) -> torch.Tensor:
+    """ai3's ReLU."""
+    return _run(x, lambda m: m.relu("relu", 0, algorithm))
+
+
+@relu.register_fake
+def _(x, algorithm):
+    return torch.empty_like(x)
+
+
+def _relu_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _relu_backward(ctx, grad):
+    (out,) = ctx.saved_tensors
+    return torch.ops.aten.threshold_backward(grad, out, 0), None
+
+
+relu.register_autograd(_relu_backward, setup_context=_relu_setup)
+
+
+# ---- maxpool2d ----------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ai3::maxpool2d", mutates_args=())
+def maxpool2d(
+    x: torch.Tensor,
+    kernel: List[int],
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    ceil_mode: bool,
+    algorithm: str,
+) -> torch.Tensor:
+    """ai3's max pooling on batched input."""
+    return _run(
+        x,
+        lambda m: m.maxpool2d(
+            "maxpool2d",
+            0,
+            tuple(kernel),
+            tuple(stride),
+            tuple(padding),
+            tuple(dilation),
+            ceil_mode,
+            algorithm,
+        ),
+    )
+
+
+@maxpool2d.register_fake
+def _(x, kernel, stride, padding, dilation, ceil_mode, algorithm):
+    n, c, h, w = x.shape
+    oh = _out_len(h, kernel[0], stride[0], padding[0], dilation[0], ceil_mode)
+    ow = _out_len(w, kernel[1], stride[1], padding[1], dilation[1], ceil_mode)
+    return x.new_empty((n, c, oh, ow))
+
+
+def _maxpool_setup(ctx, inputs, output):
+    x, kernel, stride, padding, dilation, ceil_mode, _ = inputs
+    ctx.save_for_backward(x)
+    ctx.conf = (kernel, stride, padding, dilation, ceil_mode)
+
+
+def _maxpool_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    kernel, stride, padding, dilation, ceil_mode = ctx.conf
+    _, idx = torch.ops.aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)
+    gx = torch.ops.aten.max_pool2d_with_indices_backward(
+        grad, x, kernel, stride, padding, dilation, ceil_mode, idx
+    )
+    return gx, None, None, None, None, None, None
+
+
+maxpool2d.register_autograd(_maxpool_backward, setup_context=_maxpool_setup)
+
+
+# ---- avgpool2d ----------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ai3::avgpool2d", mutates_args=())
+def avgpool2d(
+    x: torch.Tensor,
+    kernel: List[int],
+    stride: List[int],
+    padding: List[int],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: Optional[int],
+    algorithm: str,
+) -> torch.Tensor:
+    """ai3's average pooling on batched input."""
+    return _run(
+        x,
+        lambda m: m.avgpool2d(
+            "avgpool2d",
+            0,
+            tuple(kernel),
+            tuple(stride),
+            tuple(padding),
+            ceil_mode,
+            count_include_pad,
+            divisor_override,
+            algorithm,
+        ),
+    )
+
+
+@avgpool2d.register_fake
+def _(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, algorithm):
+    n, c, h, w = x.shape
+    oh = _out_len(h, kernel[0], stride[0], padding[0], 1, ceil_mode)
+    ow = _out_len(w, kernel[1], stride[1], padding[1], 1, ceil_mode)
+    return x.new_empty((n, c, oh, ow))
+
+
+def _avgpool_setup(ctx, inputs, output):
+    x, kernel, stride, padding, ceil_mode, include_pad, divisor, _ = inputs
+    ctx.save_for_backward(x)
+    ctx.conf = (kernel, stride, padding, ceil_mode, include_pad, divisor)
+
+
+def _avgpool_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    gx = torch.ops.aten.avg_pool2d_backward(grad, x, *ctx.conf)
+    return gx, None, None, None, None, None, None, None
+
+
+avgpool2d.register_autograd(_avgpool_backward, setup_context=_avgpool_setup)
+
+
+# ---- adaptiveavgpool2d --------------------------------------------------------------------
+
+
+@torch.library.custom_op("ai3::adaptiveavgpool2d", mutates_args=())
+def adaptiveavgpool2d(x: torch.Tensor, output_size: List[int], algorithm: str) -> torch.Tensor:
+    """ai3's adaptive average pooling on batched input (sizes already resolved)."""
+    size = tuple(output_size)
+    return _run(x, lambda m: m.adaptiveavgpool2d("adaptiveavgpool2d", 0, size, algorithm))
+
+
+@adaptiveavgpool2d.register_fake
+def _(x, output_size, algorithm):
+    return x.new_empty((x.shape[0], x.shape[1], *output_size))
+
+
+def _adaptive_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _adaptive_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return torch.ops.aten._adaptive_avg_pool2d_backward(grad, x), None, None
+
+
+adaptiveavgpool2d.register_autograd(_adaptive_backward, setup_context=_adaptive_setup)
+
+
+# ---- flatten ------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ai3::flatten", mutates_args=())
+def flatten(x: torch.Tensor, start_dim: int, end_dim: int, algorithm: str) -> torch.Tensor:
+    """ai3's flatten (a copy: custom operators may not return views)."""
+    return _run(x, lambda m: m.flatten("flatten", 0, start_dim, end_dim, algorithm))
+
+
+@flatten.register_fake
+def _(x, start_dim, end_dim, algorithm):
+    shape = list(x.shape)
+    start = start_dim % len(shape)
+    end = end_dim % len(shape)
+    merged = 1
+    for d in shape[start : end + 1]:
+        merged = merged * d
+    return x.new_empty((*shape[:start], merged, *shape[end + 1 :]))
+
+
+def _flatten_setup(ctx, inputs, output):
+    ctx.in_shape = inputs[0].shape
+
+
+def _flatten_backward(ctx, grad):
+    return grad.reshape(ctx.in_shape), None, None, None
+
+
+flatten.register_autograd(_flatten_backward, setup_context=_flatten_setup)
+
+__all__ = ["conv2d", "linear", "relu", "maxpool2d", "avgpool2d", "adaptiveavgpool2d", "flatten"]

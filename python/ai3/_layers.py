@@ -1,0 +1,156 @@
+"""One description per operation: which PyTorch modules and functions it
+covers, and how their hyperparameters become ai3's. Used by both ``convert``
+and ``swap_operation`` so the two never disagree on semantics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import InvalidArgumentError
+
+#: PyTorch module types handled by each operation.
+MODULE_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
+    "conv2d": (nn.Conv2d,),
+    "linear": (nn.Linear,),
+    "relu": (nn.ReLU,),
+    "maxpool2d": (nn.MaxPool2d,),
+    "avgpool2d": (nn.AvgPool2d,),
+    "adaptiveavgpool2d": (nn.AdaptiveAvgPool2d,),
+    "flatten": (nn.Flatten,),
+}
+
+#: Modules that are the identity in inference and are dropped by ``convert``.
+IDENTITY_MODULES: tuple[type[nn.Module], ...] = (nn.Dropout, nn.Identity)
+
+
+def op_of_module(module: nn.Module) -> str | None:
+    """The ai3 operation that implements ``module``, if any (exact type match)."""
+    for op, types in MODULE_TYPES.items():
+        if type(module) in types:
+            return op
+    return None
+
+
+def pair(v: int | Sequence[int]) -> tuple[int, int]:
+    """``3`` -> ``(3, 3)``; ``(2, 3)`` -> ``(2, 3)``."""
+    if isinstance(v, int):
+        return (v, v)
+    t = tuple(int(x) for x in v)
+    if len(t) == 1:
+        return (t[0], t[0])
+    if len(t) != 2:
+        raise InvalidArgumentError(f"expected an int or a pair, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A conv2d layer's hyperparameters in ai3's form (padding per side)."""
+
+    stride: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, bottom, left, right
+    dilation: tuple[int, int]
+    groups: int
+    padding_mode: str
+
+
+def conv_spec(
+    weight: torch.Tensor,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+    padding_mode: str = "zeros",
+) -> ConvSpec:
+    """Normalizes PyTorch's conv2d arguments, resolving ``'same'`` and ``'valid'``."""
+    stride, dilation = pair(stride), pair(dilation)
+    kh, kw = weight.shape[2], weight.shape[3]
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad = (0, 0, 0, 0)
+        elif padding == "same":
+            # PyTorch puts the odd extra row/column of 'same' at the bottom/right.
+            th, tw = dilation[0] * (kh - 1), dilation[1] * (kw - 1)
+            pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+        else:
+            raise InvalidArgumentError(
+                f"conv2d: padding must be 'same', 'valid', an int or a pair, got {padding!r}"
+            )
+    else:
+        ph, pw = pair(padding)
+        if ph < 0 or pw < 0:
+            raise InvalidArgumentError(f"conv2d: padding must be non-negative, got {padding!r}")
+        pad = (ph, ph, pw, pw)
+    return ConvSpec(stride, pad, dilation, int(groups), padding_mode)
+
+
+def conv_spec_of(m: nn.Conv2d) -> ConvSpec:
+    """The :class:`ConvSpec` of a module."""
+    return conv_spec(m.weight, m.stride, m.padding, m.dilation, m.groups, m.padding_mode)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pooling window in ai3's form."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    ceil_mode: bool
+
+
+def pool_spec(kernel, stride, padding, dilation, ceil_mode) -> PoolSpec:
+    """Normalizes PyTorch's pooling arguments (``stride=None`` means the kernel size)."""
+    k = pair(kernel)
+    s = k if stride is None or (isinstance(stride, Sequence) and len(stride) == 0) else pair(stride)
+    return PoolSpec(k, s, pair(padding), pair(dilation), bool(ceil_mode))
+
+
+def maxpool_spec_of(m: nn.MaxPool2d) -> PoolSpec:
+    """The window of an ``nn.MaxPool2d``."""
+    if m.return_indices:
+        raise InvalidArgumentError("maxpool2d: return_indices=True is not supported by ai3")
+    return pool_spec(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+
+
+def avgpool_spec_of(m: nn.AvgPool2d) -> tuple[PoolSpec, bool, int | None]:
+    """The window, ``count_include_pad`` and ``divisor_override`` of an ``nn.AvgPool2d``."""
+    spec = pool_spec(m.kernel_size, m.stride, m.padding, 1, m.ceil_mode)
+    return spec, bool(m.count_include_pad), m.divisor_override
+
+
+def adaptive_size(output_size) -> tuple[int | None, int | None]:
+    """``7`` -> ``(7, 7)``; ``(None, 3)`` stays, ``None`` meaning "keep that input size"."""
+    if output_size is None or isinstance(output_size, int):
+        return (output_size, output_size)
+    t = tuple(output_size)
+    if len(t) != 2:
+        raise InvalidArgumentError(
+            f"adaptiveavgpool2d: output_size must be an int or a pair, got {output_size!r}"
+        )
+    return t  # type: ignore[return-value]
+
+
+#: PyTorch functions (and tensor methods by name) that map to an ai3 operation.
+FUNCTIONS: dict[Any, str] = {
+    torch.relu: "relu",
+    F.relu: "relu",
+    torch.flatten: "flatten",
+    F.max_pool2d: "maxpool2d",
+    F.avg_pool2d: "avgpool2d",
+    F.adaptive_avg_pool2d: "adaptiveavgpool2d",
+    F.linear: "linear",
+}
+
+#: Functions that are the identity in inference.
+IDENTITY_FUNCTIONS: tuple[Any, ...] = (F.dropout,)
+
+#: Tensor methods fx records as ``call_method``.
+METHODS: dict[str, str] = {"relu": "relu", "flatten": "flatten"}

@@ -1,0 +1,88 @@
+"""Input shapes of layers, found by running the network once on zeros of
+``sample_input_shape`` in eval mode (so BatchNorm statistics are untouched)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+import torch.fx
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+
+@contextlib.contextmanager
+def _eval_no_grad(module: nn.Module) -> Iterator[None]:
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _zeros(module: nn.Module, shape: Sequence[int], dtype: torch.dtype | None) -> torch.Tensor:
+    if dtype is None:
+        p = next((p for p in module.parameters() if p.is_floating_point()), None)
+        dtype = torch.float32 if p is None else p.dtype
+    return torch.zeros(tuple(shape), dtype=dtype)
+
+
+def input_shapes_of_nodes(
+    gm: torch.fx.GraphModule, sample_input_shape: Sequence[int] | None, dtype: torch.dtype
+) -> dict[torch.fx.Node, tuple[int, ...]] | None:
+    """For each fx node, the shape of its first argument; ``None`` without a sample shape."""
+    if sample_input_shape is None:
+        return None
+    with _eval_no_grad(gm):
+        ShapeProp(gm).propagate(_zeros(gm, sample_input_shape, dtype))
+    shapes = {}
+    for n in gm.graph.nodes:
+        arg = n.args[0] if n.args else None
+        meta = arg.meta.get("tensor_meta") if isinstance(arg, torch.fx.Node) else None
+        if meta is not None and hasattr(meta, "shape"):
+            shapes[n] = tuple(meta.shape)
+    return shapes
+
+
+def input_shapes_of_modules(
+    module: nn.Module, sample_input_shape: Sequence[int], targets: Iterable[nn.Module]
+) -> dict[nn.Module, tuple[int, ...]]:
+    """The input shape each of ``targets`` sees on its first call."""
+    shapes: dict[nn.Module, tuple[int, ...]] = {}
+
+    def hook(m: nn.Module, args: tuple) -> None:
+        if m not in shapes and args and isinstance(args[0], torch.Tensor):
+            shapes[m] = tuple(args[0].shape)
+
+    handles = [t.register_forward_pre_hook(hook) for t in set(targets)]
+    try:
+        with _eval_no_grad(module):
+            module(_zeros(module, sample_input_shape, None))
+    finally:
+        for h in handles:
+            h.remove()
+    return shapes
+
+
+def forward_order(module: nn.Module, targets: Sequence[nn.Module]) -> list[nn.Module]:
+    """``targets`` in the order the forward pass first calls them.
+
+    Uses fx tracing (no computation); modules fx cannot see keep their
+    registration order after the ones it can.
+    """
+    try:
+        gm = torch.fx.symbolic_trace(module)
+    except Exception:  # untraceable forward: registration order is the best we know
+        return list(targets)
+    order: list[nn.Module] = []
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            m = gm.get_submodule(n.target)
+            if m in targets and m not in order:
+                order.append(m)
+    order += [t for t in targets if t not in order]
+    return order

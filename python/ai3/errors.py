@@ -1,0 +1,61 @@
+"""The exceptions ai3 raises. All derive from :class:`ai3.Error`, and each
+also from the builtin a PyTorch user would expect (``ValueError`` for bad
+shapes or arguments, ``TypeError`` for bad dtypes)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "Error",
+    "ShapeError",
+    "DtypeError",
+    "InvalidArgumentError",
+    "AlgorithmError",
+    "SelectorError",
+    "DeviceError",
+    "InternalError",
+    "UnsupportedOperationError",
+]
+
+
+class Error(Exception):
+    """Base class of every exception raised by ai3."""
+
+
+class ShapeError(Error, ValueError):
+    """An input or weight has a shape the operation cannot take."""
+
+
+class DtypeError(Error, TypeError):
+    """A tensor has a dtype ai3 does not compute in, or dtypes disagree."""
+
+
+class InvalidArgumentError(Error, ValueError):
+    """A hyperparameter is out of range (stride 0, groups not dividing channels, ...)."""
+
+
+class AlgorithmError(Error, ValueError):
+    """An algorithm is unknown, not compiled in, or cannot handle the configuration."""
+
+
+class SelectorError(Error, ValueError):
+    """An algorithmic selector does not fit the modules it selects for."""
+
+
+class DeviceError(Error, RuntimeError):
+    """A tensor lives on a device ai3 cannot use here."""
+
+
+class InternalError(Error, RuntimeError):
+    """A bug in ai3 (reported instead of crashing). Please file it."""
+
+
+class UnsupportedOperationError(Error, NotImplementedError):
+    """``convert`` met operations it cannot run; ``nodes`` lists every one of them."""
+
+    def __init__(self, nodes: list[tuple[str, str]], detail: str = ""):
+        self.nodes = list(nodes)
+        lines = [f"  {name}: {target}" for name, target in self.nodes]
+        msg = f"ai3 cannot convert {len(self.nodes)} operation(s):\n" + "\n".join(lines)
+        if detail:
+            msg += f"\n{detail}"
+        super().__init__(msg)

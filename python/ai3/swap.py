@@ -1,0 +1,310 @@
+"""``ai3.swap_operation``: replace modules of one operation in place with thin
+modules that run ai3's algorithms through ``torch.library`` custom operators.
+
+The replacements share the original ``Parameter`` objects, so optimizers
+keep working; they train (gradients equal PyTorch's), compile with
+``torch.compile(fullgraph=True)``, pickle and deep-copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _core, _custom_ops  # noqa: F401  (registers torch.ops.ai3.*)
+from . import _layers as L
+from ._shapes import forward_order, input_shapes_of_modules
+from .errors import DtypeError, ShapeError
+from .selectors import AlgorithmicSelector, Selection, op_name
+
+__all__ = [
+    "swap_operation",
+    "swap_conv2d",
+    "swap_linear",
+    "swap_relu",
+    "swap_maxpool2d",
+    "swap_avgpool2d",
+    "swap_adaptiveavgpool2d",
+    "swap_flatten",
+    "Conv2d",
+    "Linear",
+    "ReLU",
+    "MaxPool2d",
+    "AvgPool2d",
+    "AdaptiveAvgPool2d",
+    "Flatten",
+]
+
+
+def _as_batched(op: str, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    if x.dim() == 4:
+        return x, True
+    if x.dim() == 3:
+        return x.unsqueeze(0), False
+    raise ShapeError(
+        f"{op}: expected a 3-D (unbatched) or 4-D (batched) input, got shape {list(x.shape)}"
+    )
+
+
+class _Swapped(nn.Module):
+    """Common base: remembers the algorithm and the operation it stands for."""
+
+    op: str = ""
+
+    def __init__(self, algorithm: str):
+        super().__init__()
+        self.algorithm = algorithm
+
+    def extra_repr(self) -> str:
+        return f"algorithm={self.algorithm!r}"
+
+
+class Conv2d(_Swapped):
+    """Stands in for ``nn.Conv2d``, sharing its weight and bias."""
+
+    op = "conv2d"
+
+    def __init__(self, orig: nn.Conv2d, algorithm: str):
+        super().__init__(algorithm)
+        self.weight = orig.weight
+        self.bias = orig.bias
+        self.spec = L.conv_spec_of(orig)
+        self.in_channels, self.out_channels = orig.in_channels, orig.out_channels
+        self.kernel_size = orig.kernel_size
+        # Fails now, not at the first forward, for an algorithm that cannot run this layer.
+        dtype = {torch.float32: "float32", torch.float64: "float64"}.get(orig.weight.dtype)
+        if dtype is not None:
+            s = self.spec
+            _core.Model(dtype, 1, copy_weights=False).conv2d(
+                "probe", 0, orig.weight.detach(), None, s.stride, s.padding, s.dilation,
+                s.groups, "zeros", algorithm,
+            )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={tuple(self.kernel_size)}, "
+            f"stride={s.stride}, padding={s.padding}, dilation={s.dilation}, groups={s.groups}, "
+            f"padding_mode={s.padding_mode!r}, bias={self.bias is not None}, "
+            f"algorithm={self.algorithm!r}"
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, batched = _as_batched(self.op, x)
+        if x.dtype != self.weight.dtype:
+            raise DtypeError(
+                f"conv2d: input of shape {list(x.shape)} is {x.dtype} but the weight of shape "
+                f"{list(self.weight.shape)} is {self.weight.dtype}"
+            )
+        s = self.spec
+        top, bottom, left, right = s.padding
+        if s.padding_mode != "zeros":
+            x = F.pad(x, (left, right, top, bottom), mode=s.padding_mode)
+            top = bottom = left = right = 0
+        elif top != bottom or left != right:
+            # Asymmetric 'same' padding: the extra zeros go bottom/right, as in PyTorch.
+            x = F.pad(x, (0, right - left, 0, bottom - top))
+        y = torch.ops.ai3.conv2d(
+            x,
+            self.weight,
+            self.bias,
+            list(s.stride),
+            [top, left],
+            list(s.dilation),
+            s.groups,
+            self.algorithm,
+        )
+        return y if batched else y.squeeze(0)
+
+
+class Linear(_Swapped):
+    """Stands in for ``nn.Linear``, sharing its weight and bias."""
+
+    op = "linear"
+
+    def __init__(self, orig: nn.Linear, algorithm: str):
+        super().__init__(algorithm)
+        self.weight = orig.weight
+        self.bias = orig.bias
+        self.in_features, self.out_features = orig.in_features, orig.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.weight.dtype:
+            raise DtypeError(
+                f"linear: input of shape {list(x.shape)} is {x.dtype} but the weight of shape "
+                f"{list(self.weight.shape)} is {self.weight.dtype}"
+            )
+        return torch.ops.ai3.linear(x, self.weight, self.bias, self.algorithm)
+
+
+class ReLU(_Swapped):
+    """Stands in for ``nn.ReLU``."""
+
+    op = "relu"
+
+    def __init__(self, orig: nn.ReLU, algorithm: str):
+        super().__init__(algorithm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ai3.relu(x, self.algorithm)
+
+
+class MaxPool2d(_Swapped):
+    """Stands in for ``nn.MaxPool2d``."""
+
+    op = "maxpool2d"
+
+    def __init__(self, orig: nn.MaxPool2d, algorithm: str):
+        super().__init__(algorithm)
+        self.spec = L.maxpool_spec_of(orig)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, batched = _as_batched(self.op, x)
+        p = self.spec
+        y = torch.ops.ai3.maxpool2d(
+            x,
+            list(p.kernel),
+            list(p.stride),
+            list(p.padding),
+            list(p.dilation),
+            p.ceil_mode,
+            self.algorithm,
+        )
+        return y if batched else y.squeeze(0)
+
+
+class AvgPool2d(_Swapped):
+    """Stands in for ``nn.AvgPool2d``."""
+
+    op = "avgpool2d"
+
+    def __init__(self, orig: nn.AvgPool2d, algorithm: str):
+        super().__init__(algorithm)
+        self.spec, self.count_include_pad, self.divisor_override = L.avgpool_spec_of(orig)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, batched = _as_batched(self.op, x)
+        p = self.spec
+        y = torch.ops.ai3.avgpool2d(
+            x,
+            list(p.kernel),
+            list(p.stride),
+            list(p.padding),
+            p.ceil_mode,
+            self.count_include_pad,
+            self.divisor_override,
+            self.algorithm,
+        )
+        return y if batched else y.squeeze(0)
+
+
+class AdaptiveAvgPool2d(_Swapped):
+    """Stands in for ``nn.AdaptiveAvgPool2d``."""
+
+    op = "adaptiveavgpool2d"
+
+    def __init__(self, orig: nn.AdaptiveAvgPool2d, algorithm: str):
+        super().__init__(algorithm)
+        self.output_size = L.adaptive_size(orig.output_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, batched = _as_batched(self.op, x)
+        oh, ow = self.output_size
+        size = [x.shape[2] if oh is None else oh, x.shape[3] if ow is None else ow]
+        y = torch.ops.ai3.adaptiveavgpool2d(x, size, self.algorithm)
+        return y if batched else y.squeeze(0)
+
+
+class Flatten(_Swapped):
+    """Stands in for ``nn.Flatten``."""
+
+    op = "flatten"
+
+    def __init__(self, orig: nn.Flatten, algorithm: str):
+        super().__init__(algorithm)
+        self.start_dim, self.end_dim = orig.start_dim, orig.end_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ai3.flatten(x, self.start_dim, self.end_dim, self.algorithm)
+
+
+_WRAPPERS: dict[str, type[_Swapped]] = {w.op: w for w in _Swapped.__subclasses__()}
+
+
+def swap_operation(
+    op_type: type[nn.Module] | str,
+    module: nn.Module,
+    algos: AlgorithmicSelector | None = None,
+    sample_input_shape: Sequence[int] | None = None,
+    *,
+    swap_with: Callable[[nn.Module, str], nn.Module] | None = None,
+) -> nn.Module:
+    """Replaces, in place, every module of ``op_type`` inside ``module`` with
+    one running the selected ai3 algorithm; ``'torch'`` keeps a module as it is.
+
+    ``op_type`` is a module type (``nn.Conv2d``) or an operation name
+    (``'conv2d'``). ``algos`` is a selector (a name, a list in forward order,
+    or a function of the module, and of its input shape when
+    ``sample_input_shape`` is given). ``swap_with(orig, algorithm)`` builds the
+    replacement instead of ai3's own module. Returns ``module`` (or its
+    replacement, if ``module`` itself is of ``op_type``).
+
+    Example::
+
+        ai3.swap_operation(nn.Conv2d, net, ["direct", "smm"])
+    """
+    op = op_name(op_type)
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"swap_operation: expected a torch.nn.Module, got {type(module).__name__}")
+    targets: list[nn.Module] = []
+    for m in module.modules():
+        if L.op_of_module(m) == op and m not in targets:
+            targets.append(m)
+    ordered = forward_order(module, targets)
+    shapes = (
+        input_shapes_of_modules(module, sample_input_shape, ordered)
+        if sample_input_shape is not None
+        else None
+    )
+    selection = Selection(op, "default" if algos is None else algos, len(ordered),
+                          shapes is not None, allow_torch=True)  # fmt: skip
+    build = swap_with or _WRAPPERS[op]
+    replacement: dict[int, nn.Module] = {}
+    for m in ordered:
+        algo = selection.next(m, shapes.get(m) if shapes else None)
+        if algo != "torch":
+            replacement[id(m)] = build(m, algo)
+    if id(module) in replacement:
+        return replacement[id(module)]
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if id(child) in replacement:
+                setattr(parent, name, replacement[id(child)])
+    return module
+
+
+def _shorthand(op: str) -> Callable[..., nn.Module]:
+    def swap(
+        module: nn.Module,
+        algos: AlgorithmicSelector | None = None,
+        sample_input_shape: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> nn.Module:
+        return swap_operation(op, module, algos, sample_input_shape, **kwargs)
+
+    swap.__name__ = f"swap_{op}"
+    swap.__doc__ = f"``swap_operation('{op}', module, algos, sample_input_shape)``."
+    return swap
+
+
+swap_conv2d = _shorthand("conv2d")
+swap_linear = _shorthand("linear")
+swap_relu = _shorthand("relu")
+swap_maxpool2d = _shorthand("maxpool2d")
+swap_avgpool2d = _shorthand("avgpool2d")
+swap_adaptiveavgpool2d = _shorthand("adaptiveavgpool2d")
+swap_flatten = _shorthand("flatten")
