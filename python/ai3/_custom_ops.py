@@ -96,7 +96,11 @@ def _conv2d_setup(ctx, inputs, output):
 def _conv2d_backward(ctx, grad):
     x, weight = ctx.saved_tensors
     stride, padding, dilation, groups = ctx.conf
-    mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+    mask = [
+        ctx.needs_input_grad[0],
+        ctx.needs_input_grad[1],
+        ctx.has_bias and ctx.needs_input_grad[2],
+    ]
     gx, gw, gb = torch.ops.aten.convolution_backward(
         grad,
         x,

@@ -37,7 +37,7 @@ def _resolve_dtype(module: nn.Module, dtype: Any) -> str:
 
 def _bind(args: tuple, kwargs: dict, names: Sequence[str], defaults: dict[str, Any]) -> dict:
     bound = dict(defaults)
-    bound.update(zip(names, args))
+    bound.update(zip(names, args, strict=False))
     bound.update(kwargs)
     return bound
 
@@ -135,7 +135,9 @@ class _Builder:
         elif op == "maxpool2d":
             if b["return_indices"]:
                 raise UnsupportedOperationError([(node.name, "max_pool2d(return_indices=True)")])
-            p = L.pool_spec(b["kernel_size"], b["stride"], b["padding"], b["dilation"], b["ceil_mode"])
+            p = L.pool_spec(
+                b["kernel_size"], b["stride"], b["padding"], b["dilation"], b["ceil_mode"]
+            )
             args = [x, p.kernel, p.stride, p.padding, p.dilation, p.ceil_mode, algo]
         elif op == "avgpool2d":
             p = L.pool_spec(b["kernel_size"], b["stride"], b["padding"], 1, b["ceil_mode"])
@@ -222,7 +224,9 @@ def convert(
 
     graph_nodes = list(gm.graph.nodes)
     kinds = {n: _classify(gm, n) for n in graph_nodes}
-    unsupported = [(n.name, _describe_target(gm, n)) for n in graph_nodes if kinds[n][0] == "unsupported"]
+    unsupported = [
+        (n.name, _describe_target(gm, n)) for n in graph_nodes if kinds[n][0] == "unsupported"
+    ]
     # A constant is fine as a weight argument, not as data flowing through the network.
     for n in graph_nodes:
         if kinds[n][0] == "op":
@@ -268,7 +272,12 @@ def convert(
                 isinstance(r, torch.fx.Node) and r in b.values for r in items
             ):
                 raise UnsupportedOperationError(
-                    [(n.name, f"output structure {type(result).__name__} (ai3 returns a tensor or a tuple)")]
+                    [
+                        (
+                            n.name,
+                            f"output structure {type(result).__name__} (ai3 returns a tensor or a tuple)",
+                        )
+                    ]
                 )
             outputs = [b.values[r] for r in items]
 

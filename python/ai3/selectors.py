@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 from torch import nn
 
@@ -21,7 +21,7 @@ from .algorithms import DEFAULT_ALGOS, OPERATIONS
 from .errors import SelectorError
 
 #: Anything that selects algorithms for one operation.
-AlgorithmicSelector = Union[str, Sequence[str], Callable[..., str]]
+AlgorithmicSelector = str | Sequence[str] | Callable[..., str]
 
 
 def op_name(op: Any) -> str:

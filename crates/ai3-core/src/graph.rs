@@ -297,3 +297,55 @@ fn with_node(e: Error, node: &str) -> Error {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{Flatten, Relu};
+
+    fn relu_chain() -> Graph {
+        let mut g = Graph::new(DType::F32, 1);
+        let a = g.push("relu", Box::new(Relu), vec![0]).unwrap();
+        let b = g
+            .push("flatten", Box::new(Flatten::new(1, -1)), vec![a])
+            .unwrap();
+        g.set_outputs(vec![b, a]).unwrap();
+        g
+    }
+
+    #[test]
+    fn runs_nodes_in_order_and_returns_every_output() {
+        let g = relu_chain();
+        let x = Tensor::from_slice(&[-1.0f32, 2.0, -3.0, 4.0], &[1, 2, 2]).unwrap();
+        let out = g.run(vec![x]).unwrap();
+        assert_eq!(out[0].shape(), &[1, 4]);
+        assert_eq!(out[0].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
+        // The intermediate is also an output, so it must not have been freed.
+        assert_eq!(out[1].shape(), &[1, 2, 2]);
+    }
+
+    #[test]
+    fn wrong_dtype_and_count_are_errors() {
+        let g = relu_chain();
+        let x = Tensor::from_slice(&[1.0f64], &[1]).unwrap();
+        assert!(matches!(g.run(vec![x]), Err(Error::Dtype { .. })));
+        assert!(matches!(g.run(vec![]), Err(Error::InvalidArgument { .. })));
+    }
+
+    #[test]
+    fn errors_name_the_node() {
+        let g = relu_chain();
+        let x = Tensor::zeros(DType::F32, &[0, 3]);
+        let err = g.run(vec![x]).unwrap_err().to_string();
+        assert!(
+            err.contains("at node 'relu'") && err.contains("[0, 3]"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn reading_a_future_value_is_rejected() {
+        let mut g = Graph::new(DType::F32, 1);
+        assert!(g.push("bad", Box::new(Relu), vec![5]).is_err());
+    }
+}

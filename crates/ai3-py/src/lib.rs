@@ -37,12 +37,14 @@ fn parse_pad_mode(name: &str) -> PyResult<PadMode> {
         "reflect" => PadMode::Reflect,
         "replicate" => PadMode::Replicate,
         "circular" => PadMode::Circular,
-        other => return Err(to_py(Error::invalid(
-            OpKind::Conv2d.name(),
-            format!(
+        other => {
+            return Err(to_py(Error::invalid(
+                OpKind::Conv2d.name(),
+                format!(
                 "padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', got '{other}'"
             ),
-        ))),
+            )))
+        }
     })
 }
 

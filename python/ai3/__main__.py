@@ -1,0 +1,87 @@
+"""Command line: ``python -m ai3 demo`` converts and swaps small networks and
+reports, per layer, the algorithm used and the agreement with PyTorch;
+``python -m ai3 algorithms`` lists the algorithm registry."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch import nn
+
+import ai3
+
+
+class ConvNet(nn.Module):
+    """The small network of the ai3 paper's first listing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, kernel_size=3, padding=1)
+        self.maxpool = nn.MaxPool2d(kernel_size=2, stride=2)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv1(x))
+        x = self.maxpool(x)
+        x = torch.relu(self.conv2(x))
+        return torch.flatten(x, 1)
+
+
+def _report(title: str, net: nn.Module, algos: dict, shape: tuple[int, ...]) -> bool:
+    net = net.eval()
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        expected = net(x)
+    model = ai3.convert(net, algos, dtype=torch.float32)
+    got = model(x)
+    err = (got - expected).abs().max().item() / max(expected.abs().max().item(), 1e-12)
+    print(f"\n== {title}: convert, input {list(shape)}")
+    for row in model.summary(shape):
+        print(f"  {row['name']:<22} {row['op']:<18} {row['algorithm']:<9} -> {row['output_shape']}")
+    ok = err < 1e-4
+    print(f"  max |ai3 - torch| / max |torch| = {err:.2e}  {'OK' if ok else 'MISMATCH'}")
+    return ok
+
+
+def demo() -> int:
+    """Runs the demo; returns a process exit code."""
+    torch.manual_seed(0)
+    ok = _report(
+        "ConvNet (paper listing 1)", ConvNet(), {"conv2d": ["direct", "smm"]}, (2, 3, 32, 32)
+    )
+    try:
+        import torchvision
+    except ImportError:
+        print("\ntorchvision is not installed: pip install 'aithree[examples]' for the VGG16 part")
+        return 0 if ok else 1
+    vgg = torchvision.models.vgg16(weights=None)
+    ok &= _report("torchvision vgg16 (random weights)", vgg, {"conv2d": "winograd"}, (1, 3, 64, 64))
+    net = ConvNet()
+    x = torch.randn(2, 3, 32, 32)
+    expected = net(x)
+    ai3.swap_conv2d(net, ["gemm", "winograd"])
+    err = (net(x) - expected).abs().max().item()
+    print(f"\n== ConvNet: swap_conv2d in place -> {net.conv1}\n  max abs difference {err:.2e}")
+    return 0 if ok and err < 1e-4 else 1
+
+
+def algorithms() -> int:
+    """Prints the algorithm registry."""
+    for row in ai3.algorithm_table():
+        why = f"  (unavailable: {row['unavailable']})" if row["unavailable"] else ""
+        print(f"{row['op']:<18} {row['algorithm']:<9} {row['device']:<5} {row['summary']}{why}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m ai3``."""
+    parser = argparse.ArgumentParser(prog="python -m ai3", description=__doc__)
+    parser.add_argument("command", choices=["demo", "algorithms"])
+    args = parser.parse_args(argv)
+    return demo() if args.command == "demo" else algorithms()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
