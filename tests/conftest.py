@@ -10,11 +10,10 @@ from __future__ import annotations
 import copy
 import random
 
+import ai3
 import pytest
 import torch
 from torch import nn
-
-import ai3
 
 #: (atol, rtol) per dtype; atol is multiplied by max(|expected|, 1).
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -42,7 +41,9 @@ def tolerance(expected: torch.Tensor, dtype: torch.dtype | None = None) -> tuple
     return atol * scale, rtol
 
 
-def assert_close(actual, expected, dtype: torch.dtype | None = None, *, factor: float = 1.0) -> None:
+def assert_close(
+    actual, expected, dtype: torch.dtype | None = None, *, factor: float = 1.0
+) -> None:
     """``actual`` equals the PyTorch reference ``expected`` within ``dtype``'s tolerance.
 
     Checks type, shape and dtype exactly, then values with

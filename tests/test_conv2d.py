@@ -10,13 +10,12 @@ from __future__ import annotations
 import copy
 import random
 
+import ai3
 import pytest
 import torch
+from ai3 import swap
 from conftest import DTYPE_IDS, DTYPES, assert_close
 from torch import nn
-
-import ai3
-from ai3 import swap
 
 ALGOS = ["direct", "smm", "gemm", "winograd", "default"]
 
@@ -218,3 +217,55 @@ def test_conv2d_algorithms_agree_with_each_other(algo):
     assert_close(other, direct, torch.float64)
     with torch.no_grad():
         assert_close(other, conv(x), torch.float64)
+
+
+EXTRA_CONFIGS = [
+    dict(kernel_size=1, stride=3),
+    dict(kernel_size=3, padding=3),
+    dict(kernel_size=3, stride=5, padding=2),
+    dict(kernel_size=2, padding="same", dilation=2, padding_mode="reflect"),
+    dict(kernel_size=(1, 5), padding=(0, 2), padding_mode="circular"),
+    dict(kernel_size=(5, 1), padding="same", padding_mode="replicate"),
+    dict(kernel_size=4, padding="same", padding_mode="circular"),
+]
+
+
+@pytest.mark.parametrize("path", ["convert", "swap"])
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm"])
+@pytest.mark.parametrize("kwargs", EXTRA_CONFIGS, ids=lambda k: str(k).replace(" ", ""))
+def test_conv2d_edge_configs(kwargs, algo, path):
+    conv = nn.Conv2d(3, 4, **kwargs).double()
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    with torch.no_grad():
+        expected = conv(x)
+    if path == "convert":
+        out = ai3.convert(nn.Sequential(conv), {"conv2d": algo})(x)
+    else:
+        out = ai3.swap_conv2d(nn.Sequential(copy.deepcopy(conv)), algo)(x)
+    assert_close(out, expected, torch.float64)
+
+
+@pytest.mark.parametrize("path", ["convert", "swap"])
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd"])
+def test_conv2d_channels_last_weights(algo, path):
+    """``net.to(memory_format=torch.channels_last)`` makes the weights non-contiguous."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    net = net.to(memory_format=torch.channels_last)
+    assert not net[0].weight.is_contiguous()
+    x = torch.randn(2, 3, 9, 9).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = net(x)
+    if path == "convert":
+        out = ai3.convert(net, {"conv2d": algo})(x)
+    else:
+        out = ai3.swap_conv2d(copy.deepcopy(net), algo)(x)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd"])
+def test_conv2d_tiny_image(algo):
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(1, 3, 1, 1)
+    with torch.no_grad():
+        expected = conv(x)
+    assert_close(ai3.convert(nn.Sequential(conv), {"conv2d": algo})(x), expected)

@@ -16,14 +16,14 @@ from . import _core
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
-def _run(x: torch.Tensor, build) -> torch.Tensor:
+def _run(op: str, x: torch.Tensor, build) -> torch.Tensor:
     """Builds a one-node ai3 model borrowing the tensors (no copies) and runs it."""
     from .errors import DtypeError
 
     name = _DTYPE_NAMES.get(x.dtype)
     if name is None:
         raise DtypeError(
-            f"unsupported dtype {x.dtype} for input of shape {list(x.shape)}; "
+            f"{op}: input of shape {list(x.shape)} has unsupported dtype {x.dtype}; "
             "ai3 computes in float32 and float64"
         )
     model = _core.Model(name, 1, copy_weights=False)
@@ -61,6 +61,7 @@ def conv2d(
     """ai3's conv2d on batched input with symmetric zero padding ``(h, w)``."""
     ph, pw = padding
     return _run(
+        "conv2d",
         x,
         lambda m: m.conv2d(
             "conv2d",
@@ -128,7 +129,9 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], algorithm: str
 ) -> torch.Tensor:
     """ai3's fully connected layer over the last dimension."""
-    return _run(x, lambda m: m.linear("linear", 0, weight.detach(), _detached(bias), algorithm))
+    return _run(
+        "linear", x, lambda m: m.linear("linear", 0, weight.detach(), _detached(bias), algorithm)
+    )
 
 
 @linear.register_fake
@@ -160,7 +163,7 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 @torch.library.custom_op("ai3::relu", mutates_args=())
 def relu(x: torch.Tensor, algorithm: str) -> torch.Tensor:
     """ai3's ReLU."""
-    return _run(x, lambda m: m.relu("relu", 0, algorithm))
+    return _run("relu", x, lambda m: m.relu("relu", 0, algorithm))
 
 
 @relu.register_fake
@@ -195,6 +198,7 @@ def maxpool2d(
 ) -> torch.Tensor:
     """ai3's max pooling on batched input."""
     return _run(
+        "maxpool2d",
         x,
         lambda m: m.maxpool2d(
             "maxpool2d",
@@ -252,6 +256,7 @@ def avgpool2d(
 ) -> torch.Tensor:
     """ai3's average pooling on batched input."""
     return _run(
+        "avgpool2d",
         x,
         lambda m: m.avgpool2d(
             "avgpool2d",
@@ -297,7 +302,11 @@ avgpool2d.register_autograd(_avgpool_backward, setup_context=_avgpool_setup)
 def adaptiveavgpool2d(x: torch.Tensor, output_size: List[int], algorithm: str) -> torch.Tensor:
     """ai3's adaptive average pooling on batched input (sizes already resolved)."""
     size = tuple(output_size)
-    return _run(x, lambda m: m.adaptiveavgpool2d("adaptiveavgpool2d", 0, size, algorithm))
+    return _run(
+        "adaptiveavgpool2d",
+        x,
+        lambda m: m.adaptiveavgpool2d("adaptiveavgpool2d", 0, size, algorithm),
+    )
 
 
 @adaptiveavgpool2d.register_fake
@@ -323,7 +332,7 @@ adaptiveavgpool2d.register_autograd(_adaptive_backward, setup_context=_adaptive_
 @torch.library.custom_op("ai3::flatten", mutates_args=())
 def flatten(x: torch.Tensor, start_dim: int, end_dim: int, algorithm: str) -> torch.Tensor:
     """ai3's flatten (a copy: custom operators may not return views)."""
-    return _run(x, lambda m: m.flatten("flatten", 0, start_dim, end_dim, algorithm))
+    return _run("flatten", x, lambda m: m.flatten("flatten", 0, start_dim, end_dim, algorithm))
 
 
 @flatten.register_fake

@@ -111,6 +111,15 @@ impl Graph {
         Ok(())
     }
 
+    /// The operation that first reads graph input `i` (`"model"` if none does),
+    /// so errors about an input name the layer it was meant for.
+    pub fn input_consumer(&self, i: usize) -> &'static str {
+        self.nodes
+            .iter()
+            .find(|n| n.inputs.contains(&i))
+            .map_or("model", |n| n.op.kind().name())
+    }
+
     fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
         if inputs.len() != self.num_inputs {
             return Err(Error::invalid(
@@ -125,7 +134,7 @@ impl Graph {
         for (i, x) in inputs.iter().enumerate() {
             if x.dtype() != self.dtype {
                 return Err(Error::dtype(
-                    "model",
+                    self.input_consumer(i),
                     format!(
                         "input {i} of shape {} is {} but the model computes in {}; convert the input or the model (convert(..., dtype=...))",
                         shape_str(x.shape()),

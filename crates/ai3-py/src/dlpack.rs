@@ -125,6 +125,11 @@ pub fn import(obj: &Bound<'_, PyAny>, op: &str) -> PyResult<Tensor> {
     };
     // SAFETY: a valid DLManagedTensor by the DLPack contract, alive while `managed` is.
     let t = unsafe { &(*managed.0).dl_tensor };
+    let ndim = usize::try_from(t.ndim).unwrap_or(0);
+    // SAFETY: DLPack guarantees `shape` (and `strides` when non-null) hold `ndim` entries.
+    let shape: Vec<usize> = (0..ndim)
+        .map(|i| unsafe { *t.shape.add(i) } as usize)
+        .collect();
     let dtype = match (t.dtype.code, t.dtype.bits, t.dtype.lanes) {
         (KDL_FLOAT, 32, 1) => DType::F32,
         (KDL_FLOAT, 64, 1) => DType::F64,
@@ -132,7 +137,7 @@ pub fn import(obj: &Bound<'_, PyAny>, op: &str) -> PyResult<Tensor> {
             return Err(to_py(Error::dtype(
                 op,
                 format!(
-                    "unsupported dtype {}; ai3 computes in float32 and float64",
+                    "input of shape {shape:?} has unsupported dtype {}; ai3 computes in float32 and float64",
                     dtype_name(t.dtype)
                 ),
             )))
@@ -148,11 +153,6 @@ pub fn import(obj: &Bound<'_, PyAny>, op: &str) -> PyResult<Tensor> {
             )))
         }
     };
-    let ndim = usize::try_from(t.ndim).unwrap_or(0);
-    // SAFETY: DLPack guarantees `shape` (and `strides` when non-null) hold `ndim` entries.
-    let shape: Vec<usize> = (0..ndim)
-        .map(|i| unsafe { *t.shape.add(i) } as usize)
-        .collect();
     let strides: Vec<isize> = if t.strides.is_null() {
         contiguous_strides(&shape)
     } else {

@@ -84,7 +84,8 @@ fn run_graph<'py>(
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let tensors: Vec<Tensor> = inputs
         .iter()
-        .map(|x| dlpack::import(&x, "model"))
+        .enumerate()
+        .map(|(i, x)| dlpack::import(&x, graph.input_consumer(i)))
         .collect::<PyResult<_>>()?;
     let outputs = py
         .detach(|| no_panic("model", || graph.run(tensors)))
