@@ -346,3 +346,29 @@ def test_selectors_do_not_mutate_original_in_convert():
     for k, v in net.state_dict().items():
         assert torch.equal(v, snapshot[k])
     assert all(type(m).__module__.startswith("torch") for m in net.modules() if m is not net)
+
+
+class _Reused(nn.Module):
+    """One conv module called twice, then a second conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Conv2d(4, 4, 3, padding=1)
+        self.last = nn.Conv2d(4, 2, 3, padding=1)
+
+    def forward(self, x):
+        return self.last(self.shared(self.shared(x)))
+
+
+def test_reused_module_takes_one_list_entry_in_convert_and_swap():
+    net = _Reused().eval()
+    x = torch.randn(1, 4, 8, 8)
+    expected = net(x)
+    model = ai3.convert(net, {"conv2d": ["winograd", "smm"]})
+    rows = model.summary(tuple(x.shape))
+    assert [r["name"] for r in rows] == ["shared", "shared", "last"]
+    assert [r["algorithm"] for r in rows] == ["winograd", "winograd", "smm"]
+    torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)
+    ai3.swap_conv2d(net, ["winograd", "smm"])
+    assert (net.shared.algorithm, net.last.algorithm) == ("winograd", "smm")
+    torch.testing.assert_close(net(x), expected, atol=1e-4, rtol=1e-4)

@@ -95,7 +95,9 @@ class _Builder:
         return t.detach().to(self.dtype).contiguous().clone()
 
     def add(self, method: str, node: torch.fx.Node, args: list) -> None:
-        self.nodes.append((method, [node.name, *args]))
+        # Module nodes carry their module path ('features.0'); functions their fx name.
+        name = str(node.target) if node.op == "call_module" else node.name
+        self.nodes.append((method, [name, *args]))
         self.values[node] = self.next_value
         self.next_value += 1
 
@@ -236,9 +238,16 @@ def convert(
     if unsupported:
         raise UnsupportedOperationError(unsupported)
 
+    # A module called several times is one module to its selector, as in swap_operation;
+    # every call of a function counts on its own.
     counts: dict[str, int] = {}
+    seen_modules: set[str] = set()
     for n in graph_nodes:
         if kinds[n][0] == "op":
+            if n.op == "call_module":
+                if n.target in seen_modules:
+                    continue
+                seen_modules.add(n.target)
             counts[kinds[n][1]] = counts.get(kinds[n][1], 0) + 1
     shapes = input_shapes_of_nodes(gm, sample_input_shape, getattr(torch, dtype_name))
     selections = {
@@ -253,13 +262,19 @@ def convert(
     b.next_value = len(placeholders)
     outputs: list[int] = []
     single_output = True
+    module_algos: dict[str, str] = {}
     for n in graph_nodes:
         kind, op = kinds[n]
         if kind == "identity":
             b.values[n] = b.values[n.args[0]]
         elif kind == "op":
             m = gm.get_submodule(n.target) if n.op == "call_module" else None
-            algo = selections[op].next(m, shapes.get(n) if shapes else None)
+            if m is not None and n.target in module_algos:
+                algo = module_algos[n.target]
+            else:
+                algo = selections[op].next(m, shapes.get(n) if shapes else None)
+                if m is not None:
+                    module_algos[n.target] = algo
             if m is not None:
                 b.module_node(n, m, op, algo)
             else:

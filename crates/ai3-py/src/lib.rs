@@ -94,13 +94,18 @@ fn run_graph<'py>(
 }
 
 impl Model {
-    fn push(
+    /// Builds an operation and appends it reading `inputs`; a panic in either becomes an error.
+    fn push<O: Operation + 'static>(
         &mut self,
         name: &str,
-        op: PyResult<Box<dyn Operation>>,
         inputs: Vec<ValueId>,
+        build: impl FnOnce() -> ai3_core::Result<O>,
     ) -> PyResult<ValueId> {
-        self.graph.push(name, op?, inputs).map_err(to_py)
+        no_panic(name, || {
+            let op = build()?;
+            self.graph.push(name, Box::new(op), inputs)
+        })
+        .map_err(to_py)
     }
 }
 
@@ -150,19 +155,22 @@ impl Model {
     ) -> PyResult<ValueId> {
         let op = OpKind::Conv2d;
         let dtype = self.graph.dtype();
-        let conv = Conv2d::new(
-            import_weight(weight, op, dtype, self.copy_weights)?,
-            optional_weight(bias, op, dtype, self.copy_weights)?,
-            stride,
-            padding2d(padding),
-            dilation,
-            groups,
-            parse_pad_mode(padding_mode)?,
-            parse_request(op, algorithm)?,
-        )
-        .map(|c| Box::new(c) as Box<dyn Operation>)
-        .map_err(to_py);
-        self.push(name, conv, vec![x])
+        let weight = import_weight(weight, op, dtype, self.copy_weights)?;
+        let bias = optional_weight(bias, op, dtype, self.copy_weights)?;
+        let mode = parse_pad_mode(padding_mode)?;
+        let request = parse_request(op, algorithm)?;
+        self.push(name, vec![x], || {
+            Conv2d::new(
+                weight,
+                bias,
+                stride,
+                padding2d(padding),
+                dilation,
+                groups,
+                mode,
+                request,
+            )
+        })
     }
 
     /// Adds a fully connected layer reading value `x`.
@@ -177,20 +185,16 @@ impl Model {
     ) -> PyResult<ValueId> {
         let op = OpKind::Linear;
         let dtype = self.graph.dtype();
-        let layer = Linear::new(
-            import_weight(weight, op, dtype, self.copy_weights)?,
-            optional_weight(bias, op, dtype, self.copy_weights)?,
-            parse_request(op, algorithm)?,
-        )
-        .map(|l| Box::new(l) as Box<dyn Operation>)
-        .map_err(to_py);
-        self.push(name, layer, vec![x])
+        let weight = import_weight(weight, op, dtype, self.copy_weights)?;
+        let bias = optional_weight(bias, op, dtype, self.copy_weights)?;
+        let request = parse_request(op, algorithm)?;
+        self.push(name, vec![x], || Linear::new(weight, bias, request))
     }
 
     /// Adds a ReLU reading value `x`.
     fn relu(&mut self, name: &str, x: ValueId, algorithm: &str) -> PyResult<ValueId> {
         parse_request(OpKind::Relu, algorithm)?;
-        self.push(name, Ok(Box::new(Relu)), vec![x])
+        self.push(name, vec![x], || Ok(Relu))
     }
 
     /// Adds max pooling reading value `x`.
@@ -214,10 +218,7 @@ impl Model {
             dilation,
             ceil_mode,
         };
-        let op = MaxPool2d::new(window)
-            .map(|o| Box::new(o) as Box<dyn Operation>)
-            .map_err(to_py);
-        self.push(name, op, vec![x])
+        self.push(name, vec![x], || MaxPool2d::new(window))
     }
 
     /// Adds average pooling reading value `x`.
@@ -247,10 +248,7 @@ impl Model {
             count_include_pad,
             divisor_override,
         };
-        let op = AvgPool2d::new(window, options)
-            .map(|o| Box::new(o) as Box<dyn Operation>)
-            .map_err(to_py);
-        self.push(name, op, vec![x])
+        self.push(name, vec![x], || AvgPool2d::new(window, options))
     }
 
     /// Adds adaptive average pooling reading value `x`; `None` keeps an input dimension.
@@ -262,10 +260,7 @@ impl Model {
         algorithm: &str,
     ) -> PyResult<ValueId> {
         parse_request(OpKind::AdaptiveAvgPool2d, algorithm)?;
-        let op = AdaptiveAvgPool2d::new(output_size)
-            .map(|o| Box::new(o) as Box<dyn Operation>)
-            .map_err(to_py);
-        self.push(name, op, vec![x])
+        self.push(name, vec![x], || AdaptiveAvgPool2d::new(output_size))
     }
 
     /// Adds a flatten of dimensions `start_dim..=end_dim` of value `x`.
@@ -278,11 +273,7 @@ impl Model {
         algorithm: &str,
     ) -> PyResult<ValueId> {
         parse_request(OpKind::Flatten, algorithm)?;
-        self.push(
-            name,
-            Ok(Box::new(Flatten::new(start_dim, end_dim))),
-            vec![x],
-        )
+        self.push(name, vec![x], || Ok(Flatten::new(start_dim, end_dim)))
     }
 
     /// Declares the values the model returns.
@@ -305,7 +296,7 @@ impl Model {
         py: Python<'py>,
         input_shapes: Vec<Vec<usize>>,
     ) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let reports = self.graph.summary(&input_shapes).map_err(to_py)?;
+        let reports = no_panic("summary", || self.graph.summary(&input_shapes)).map_err(to_py)?;
         reports
             .into_iter()
             .map(|r| {
