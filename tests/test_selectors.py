@@ -244,7 +244,7 @@ def test_op_given_as_type_or_name_swap(op):
     assert_close(net(x), expected)
 
 
-@pytest.mark.parametrize("key", ["batchnorm2d", nn.BatchNorm2d, 3], ids=str)
+@pytest.mark.parametrize("key", ["groupnorm", nn.GroupNorm, 3], ids=str)
 def test_unknown_operation_key(key):
     net, _ = net_and_input()
     with pytest.raises(ai3.SelectorError):
@@ -287,24 +287,24 @@ def test_default_algorithm_resolves_in_summary():
     assert all(n in ai3.SUPPORTED_ALGORITHMS["conv2d"] for n in names), names
     assert "default" not in names
     # README's table: 'default' is gemm for conv2d and linear, direct for the others.
+    # The ReLUs are fused into the convolutions before them.
     by_op = {r["op"]: r["algorithm"] for r in model.summary(INPUT_SHAPE)}
-    assert by_op == {"conv2d": "gemm", "relu": "direct", "flatten": "direct", "linear": "gemm"}
+    assert by_op == {"conv2d": "gemm", "flatten": "direct", "linear": "gemm"}
 
 
 def test_summary_reports_every_layer():
     net, x = net_and_input()
     model = ai3.convert(net, {"conv2d": ["direct", "smm", "gemm"]}, INPUT_SHAPE)
     rows = model.summary()
-    assert [r["op"] for r in rows] == [
-        "conv2d",
-        "relu",
-        "conv2d",
-        "relu",
-        "conv2d",
-        "flatten",
-        "linear",
+    # The two ReLUs are fused into the convolutions that feed them.
+    assert [(r["op"], r["fused"]) for r in rows] == [
+        ("conv2d", "relu"),
+        ("conv2d", "relu"),
+        ("conv2d", None),
+        ("flatten", None),
+        ("linear", None),
     ]
-    assert set(rows[0]) >= {"name", "op", "algorithm", "input_shapes", "output_shape"}
+    assert set(rows[0]) >= {"name", "op", "algorithm", "input_shapes", "output_shape", "fused"}
     convs = [r for r in rows if r["op"] == "conv2d"]
     assert [list(r["input_shapes"][0]) for r in convs] == [list(s) for s in CONV_INPUTS]
     assert [r["algorithm"] for r in convs] == ["direct", "smm", "gemm"]

@@ -2,6 +2,10 @@
 
 from typing import Any
 
+#: A reshape size expression: ``("const", v)`` (``-1`` infers), ``("dim", input, axis)``,
+#: or ``("add" | "sub" | "mul" | "floordiv", a, b)``; a bare int is a constant.
+SizeExpr = int | tuple[Any, ...]
+
 class Model:
     def __init__(self, dtype: str, num_inputs: int, copy_weights: bool = True) -> None: ...
     @property
@@ -18,9 +22,53 @@ class Model:
         groups: int,
         padding_mode: str,
         algorithm: str,
+        activation: tuple[str, list[float]] | None = None,
     ) -> int: ...
-    def linear(self, name: str, x: int, weight: Any, bias: Any | None, algorithm: str) -> int: ...
+    def linear(
+        self,
+        name: str,
+        x: int,
+        weight: Any,
+        bias: Any | None,
+        algorithm: str,
+        activation: tuple[str, list[float]] | None = None,
+    ) -> int: ...
     def relu(self, name: str, x: int, algorithm: str) -> int: ...
+    def activation(
+        self, name: str, x: int, kind: str, params: list[float], algorithm: str
+    ) -> int: ...
+    def binary(
+        self,
+        name: str,
+        kind: str,
+        inputs: list[int],
+        scalar: float | None,
+        scalar_first: bool,
+        algorithm: str,
+    ) -> int: ...
+    def cat(self, name: str, inputs: list[int], dim: int, algorithm: str) -> int: ...
+    def softmax(self, name: str, x: int, dim: int, algorithm: str) -> int: ...
+    def batchnorm2d(
+        self,
+        name: str,
+        x: int,
+        weight: Any | None,
+        bias: Any | None,
+        running_mean: Any,
+        running_var: Any,
+        eps: float,
+        algorithm: str,
+    ) -> int: ...
+    def layernorm(
+        self,
+        name: str,
+        x: int,
+        normalized_shape: list[int],
+        weight: Any | None,
+        bias: Any | None,
+        eps: float,
+        algorithm: str,
+    ) -> int: ...
     def maxpool2d(
         self,
         name: str,
@@ -47,7 +95,26 @@ class Model:
     def adaptiveavgpool2d(
         self, name: str, x: int, output_size: tuple[int | None, int | None], algorithm: str
     ) -> int: ...
+    def adaptivemaxpool2d(
+        self, name: str, x: int, output_size: tuple[int | None, int | None], algorithm: str
+    ) -> int: ...
     def flatten(self, name: str, x: int, start_dim: int, end_dim: int, algorithm: str) -> int: ...
+    def mean(self, name: str, x: int, dims: list[int], keepdim: bool, algorithm: str) -> int: ...
+    def permute(self, name: str, x: int, dims: list[int], algorithm: str) -> int: ...
+    def reshape(
+        self, name: str, inputs: list[int], spec: list[SizeExpr], algorithm: str
+    ) -> int: ...
+    def slice(
+        self,
+        name: str,
+        x: int,
+        dim: int,
+        index: int,
+        chunks: int | None,
+        split_size: int | None,
+        sections: list[int] | None,
+        algorithm: str,
+    ) -> int: ...
     def set_outputs(self, outputs: list[int]) -> None: ...
     def run(self, inputs: list[Any]) -> list[Any]: ...
     def summary(self, input_shapes: list[list[int]]) -> list[dict[str, Any]]: ...

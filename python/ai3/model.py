@@ -15,8 +15,8 @@ __all__ = ["Model"]
 
 def _build(recipe: dict[str, Any]) -> _core.Model:
     core = _core.Model(recipe["dtype"], recipe["num_inputs"], copy_weights=False)
-    for method, args in recipe["nodes"]:
-        getattr(core, method)(*args)
+    for method, args, kwargs in recipe["nodes"]:
+        getattr(core, method)(*args, **kwargs)
     core.set_outputs(recipe["outputs"])
     return core
 
@@ -71,14 +71,27 @@ class Model:
             return outs[0]
         return tuple(outs)
 
+    def _shapes(self, input_shape: Any) -> list[list[int]]:
+        shape = input_shape or self._recipe.get("sample_input_shape")
+        if shape is None:
+            raise ValueError("an input shape is needed (none was given to convert)")
+        if len(shape) and isinstance(shape[0], Sequence):
+            return [list(s) for s in shape]  # one shape per input
+        return [list(shape)]
+
     def summary(self, input_shape: Sequence[int] | None = None) -> list[dict[str, Any]]:
         """One dict per layer: name, op, the algorithm that runs for this input
         shape, input shapes and output shape. Defaults to the sample input shape
-        given to ``convert``."""
-        shape = input_shape or self._recipe.get("sample_input_shape")
-        if shape is None:
-            raise ValueError("summary needs an input shape (none was given to convert)")
-        return self._core.summary([list(shape)])
+        given to ``convert``; give a list of shapes for a model with several inputs."""
+        return self._core.summary(self._shapes(input_shape))
+
+    def memory_plan(self, input_shape: Sequence[int] | None = None) -> dict[str, int]:
+        """What the memory planner decided for this input shape: ``arena_bytes``
+        (one arena holds every intermediate value), ``intermediate_bytes`` (what
+        they would take if none shared memory) and ``arenas_allocated`` (arenas
+        created so far over all calls: one per thread running concurrently, and
+        a new one only when the input shape grows)."""
+        return self._core.memory_plan(self._shapes(input_shape))
 
     def __repr__(self) -> str:
         shape = self._recipe.get("sample_input_shape")
@@ -87,14 +100,16 @@ class Model:
             lines[0] += f", input_shape={list(shape)})"
             for r in self.summary(shape):
                 ins = ", ".join(str(s) for s in r["input_shapes"])
+                op = r["op"] + (f"+{r['fused']}" if r["fused"] else "")
                 lines.append(
-                    f"  {r['name']:<28} {r['op']:<18} {r['algorithm']:<9} {ins} -> {r['output_shape']}"
+                    f"  {r['name']:<28} {op:<18} {r['algorithm']:<9} {ins} -> {r['output_shape']}"
                 )
         else:
             lines[0] += ")"
             # Without shapes only the requested algorithm is known ('default' resolves per shape).
-            for method, args in self._recipe["nodes"]:
-                lines.append(f"  {args[0]:<28} {method:<18} {args[-1]}")
+            for method, args, _ in self._recipe["nodes"]:
+                if method != "constant":
+                    lines.append(f"  {args[0]:<28} {method:<18} {args[-1]}")
         return "\n".join(lines)
 
     def __reduce__(self):

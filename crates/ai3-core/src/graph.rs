@@ -1,17 +1,26 @@
 //! The graph IR and its executor.
 //!
 //! A graph is a list of nodes in topological order; each node reads values
-//! produced by graph inputs or earlier nodes and produces one value. The
-//! executor frees every intermediate value right after its last reader ran.
+//! (graph inputs, constants or outputs of earlier nodes) and produces one
+//! value. Values may have several readers, and nodes several inputs.
+//!
+//! Running a graph for an input shape first plans memory: every intermediate
+//! value gets a place in one arena (see [`crate::plan`]). Plans are cached per
+//! input shape and arenas are pooled, so a call with a shape seen before
+//! allocates no intermediate memory, and several threads may run one graph at
+//! once (each takes its own arena from the pool).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::dtype::DType;
+use crate::dtype::{DType, Device};
 use crate::error::{Error, Result};
 use crate::ops::Operation;
-use crate::tensor::{shape_str, Tensor};
+use crate::plan::{place, Interval};
+use crate::tensor::{contiguous_strides, shape_str, Tensor};
 
-/// Index of a value (a graph input or a node's output).
+/// Index of a value (a graph input, a constant or a node's output).
 pub type ValueId = usize;
 
 /// One operation applied to earlier values.
@@ -27,14 +36,53 @@ pub struct Node {
     pub output: ValueId,
 }
 
+/// How a value comes to exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Input(usize),
+    Constant(usize),
+    Node(usize),
+}
+
+/// Memory layout of one run for one set of input shapes.
+#[derive(Debug)]
+struct Plan {
+    shapes: Vec<Vec<usize>>,
+    /// Arena byte offset of each intermediate value (`None` for inputs, constants, outputs).
+    offsets: Vec<Option<usize>>,
+    arena_bytes: usize,
+    intermediate_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Runtime {
+    plans: HashMap<Vec<Vec<usize>>, Arc<Plan>>,
+    /// Free arenas, by size in bytes.
+    arenas: Vec<Tensor>,
+    arenas_allocated: usize,
+}
+
+/// What the memory planner decided for one input shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Bytes of the arena holding every intermediate value.
+    pub arena_bytes: usize,
+    /// What the intermediates would take if none shared memory.
+    pub intermediate_bytes: usize,
+    /// How many arenas this graph has allocated so far, over all calls.
+    pub arenas_allocated: usize,
+}
+
 /// A network as ai3 runs it.
 #[derive(Debug)]
 pub struct Graph {
     dtype: DType,
     num_inputs: usize,
     nodes: Vec<Node>,
+    constants: Vec<Tensor>,
+    sources: Vec<Source>,
     outputs: Vec<ValueId>,
-    num_values: usize,
+    runtime: Mutex<Runtime>,
 }
 
 /// One row of a graph summary.
@@ -50,6 +98,8 @@ pub struct NodeReport {
     pub input_shapes: Vec<Vec<usize>>,
     /// Output shape.
     pub output_shape: Vec<usize>,
+    /// The activation fused into the node, if any (e.g. `relu` after a conv2d).
+    pub fused: Option<String>,
 }
 
 impl Graph {
@@ -59,8 +109,10 @@ impl Graph {
             dtype,
             num_inputs,
             nodes: Vec::new(),
+            constants: Vec::new(),
+            sources: (0..num_inputs).map(Source::Input).collect(),
             outputs: Vec::new(),
-            num_values: num_inputs,
+            runtime: Mutex::new(Runtime::default()),
         }
     }
 
@@ -74,6 +126,35 @@ impl Graph {
         &self.nodes
     }
 
+    fn num_values(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Adds a constant value (a tensor the network holds, e.g. a layer scale).
+    pub fn constant(&mut self, tensor: Tensor) -> Result<ValueId> {
+        if tensor.dtype() != self.dtype {
+            return Err(Error::dtype(
+                "constant",
+                format!(
+                    "constant of shape {} is {} but the graph computes in {}",
+                    shape_str(tensor.shape()),
+                    tensor.dtype(),
+                    self.dtype
+                ),
+            ));
+        }
+        let tensor = if tensor.is_contiguous() {
+            tensor
+        } else {
+            tensor.to_contiguous()?
+        };
+        self.constants.push(tensor);
+        self.sources
+            .push(Source::Constant(self.constants.len() - 1));
+        self.invalidate();
+        Ok(self.num_values() - 1)
+    }
+
     /// Appends a node reading `inputs`; returns the id of its output value.
     pub fn push(
         &mut self,
@@ -82,33 +163,44 @@ impl Graph {
         inputs: Vec<ValueId>,
     ) -> Result<ValueId> {
         let name = name.into();
-        if let Some(&bad) = inputs.iter().find(|&&v| v >= self.num_values) {
+        if let Some(&bad) = inputs.iter().find(|&&v| v >= self.num_values()) {
             return Err(Error::internal(
                 name,
                 format!("reads value {bad} before it exists"),
             ));
         }
-        let output = self.num_values;
-        self.num_values += 1;
         self.nodes.push(Node {
             name,
             op,
             inputs,
-            output,
+            output: self.num_values(),
         });
-        Ok(output)
+        self.sources.push(Source::Node(self.nodes.len() - 1));
+        self.invalidate();
+        Ok(self.num_values() - 1)
     }
 
     /// Declares which values the graph returns.
     pub fn set_outputs(&mut self, outputs: Vec<ValueId>) -> Result<()> {
-        if let Some(&bad) = outputs.iter().find(|&&v| v >= self.num_values) {
+        if let Some(&bad) = outputs.iter().find(|&&v| v >= self.num_values()) {
             return Err(Error::internal(
                 "graph",
                 format!("output {bad} does not exist"),
             ));
         }
         self.outputs = outputs;
+        self.invalidate();
         Ok(())
+    }
+
+    fn invalidate(&mut self) {
+        *self.runtime.get_mut().unwrap_or_else(|p| p.into_inner()) = Runtime::default();
+    }
+
+    fn runtime(&self) -> MutexGuard<'_, Runtime> {
+        // A panic while holding the lock cannot leave the runtime inconsistent:
+        // it only caches plans and free arenas.
+        self.runtime.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The operation that first reads graph input `i` (`"model"` if none does),
@@ -143,119 +235,231 @@ impl Graph {
                     ),
                 ));
             }
+            if x.device() != Device::Cpu {
+                return Err(Error::device(
+                    self.input_consumer(i),
+                    format!(
+                        "input {i} of shape {} is on {}, but this model runs on the CPU",
+                        shape_str(x.shape()),
+                        x.device()
+                    ),
+                ));
+            }
         }
         Ok(())
     }
 
-    /// Propagates input shapes through the graph: one report per node.
-    pub fn summary(&self, input_shapes: &[Vec<usize>]) -> Result<Vec<NodeReport>> {
-        let mut shapes: Vec<Option<Vec<usize>>> = vec![None; self.num_values];
-        for (slot, s) in shapes.iter_mut().zip(input_shapes) {
-            *slot = Some(s.clone());
+    /// Every value's shape for these input shapes.
+    fn infer_shapes(&self, input_shapes: &[Vec<usize>]) -> Result<Vec<Vec<usize>>> {
+        if input_shapes.len() != self.num_inputs {
+            return Err(Error::invalid(
+                "model",
+                format!(
+                    "expected {} input shape(s), got {}",
+                    self.num_inputs,
+                    input_shapes.len()
+                ),
+            ));
         }
-        let mut reports = Vec::with_capacity(self.nodes.len());
-        for node in &self.nodes {
-            let ins: Vec<Vec<usize>> = node
-                .inputs
-                .iter()
-                .map(|&v| {
-                    shapes[v]
-                        .clone()
-                        .ok_or_else(|| Error::internal(&node.name, "input shape unknown"))
-                })
-                .collect::<Result<_>>()?;
-            let refs: Vec<&[usize]> = ins.iter().map(|s| s.as_slice()).collect();
-            let out = node
-                .op
-                .output_shape(&refs)
-                .map_err(|e| with_node(e, &node.name))?;
-            reports.push(NodeReport {
-                name: node.name.clone(),
-                op: node.op.kind().name().into(),
-                algorithm: node
-                    .op
-                    .algorithm_for(&ins[0])
-                    .map_err(|e| with_node(e, &node.name))?,
-                input_shapes: ins,
-                output_shape: out.clone(),
-            });
-            shapes[node.output] = Some(out);
+        let mut shapes: Vec<Vec<usize>> = Vec::with_capacity(self.num_values());
+        for source in &self.sources {
+            let shape = match *source {
+                Source::Input(i) => input_shapes[i].clone(),
+                Source::Constant(c) => self.constants[c].shape().to_vec(),
+                Source::Node(n) => {
+                    let node = &self.nodes[n];
+                    let ins: Vec<&[usize]> =
+                        node.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
+                    node.op
+                        .output_shape(&ins)
+                        .map_err(|e| with_node(e, &node.name))?
+                }
+            };
+            shapes.push(shape);
         }
-        Ok(reports)
+        Ok(shapes)
     }
 
-    /// Runs the graph. Inputs may be borrowed and non-contiguous; outputs are owned.
-    pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        self.check_inputs(&inputs)?;
-        // The last node that reads each value; graph outputs are never freed.
-        let mut last_use = vec![None; self.num_values];
+    /// Propagates input shapes through the graph: one report per node.
+    pub fn summary(&self, input_shapes: &[Vec<usize>]) -> Result<Vec<NodeReport>> {
+        let shapes = self.infer_shapes(input_shapes)?;
+        self.nodes
+            .iter()
+            .map(|node| {
+                let ins: Vec<Vec<usize>> = node.inputs.iter().map(|&v| shapes[v].clone()).collect();
+                let first = ins.first().cloned().unwrap_or_default();
+                Ok(NodeReport {
+                    name: node.name.clone(),
+                    op: node.op.kind().name().into(),
+                    algorithm: node
+                        .op
+                        .algorithm_for(&first)
+                        .map_err(|e| with_node(e, &node.name))?,
+                    input_shapes: ins,
+                    output_shape: shapes[node.output].clone(),
+                    fused: node.op.fused_activation().map(|k| k.name().to_string()),
+                })
+            })
+            .collect()
+    }
+
+    fn make_plan(&self, input_shapes: &[Vec<usize>]) -> Result<Plan> {
+        let shapes = self.infer_shapes(input_shapes)?;
+        let mut last_use: Vec<Option<usize>> = vec![None; self.num_values()];
         for (i, node) in self.nodes.iter().enumerate() {
             for &v in &node.inputs {
                 last_use[v] = Some(i);
             }
         }
-        for &v in &self.outputs {
-            last_use[v] = None;
-        }
-        let mut values: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
-        values.resize_with(self.num_values, || None);
+        let size = self.dtype.size();
+        let mut intermediates = Vec::new();
+        let mut intervals = Vec::new();
         for (i, node) in self.nodes.iter().enumerate() {
-            let out = {
-                // Kernels need row-major data: copy only inputs that are not.
-                let mut copies: Vec<Option<Tensor>> = Vec::with_capacity(node.inputs.len());
-                for &v in &node.inputs {
-                    let t = values[v].as_ref().ok_or_else(|| {
-                        Error::internal(&node.name, format!("value {v} was freed too early"))
-                    })?;
-                    copies.push(if t.is_contiguous() {
-                        None
-                    } else {
-                        Some(t.to_contiguous()?)
-                    });
-                }
+            let v = node.output;
+            if self.outputs.contains(&v) {
+                continue;
+            }
+            intermediates.push(v);
+            intervals.push(Interval {
+                bytes: shapes[v].iter().product::<usize>() * size,
+                first: i,
+                last: last_use[v].unwrap_or(i),
+            });
+        }
+        let placement = place(&intervals);
+        let mut offsets = vec![None; self.num_values()];
+        for (&v, &off) in intermediates.iter().zip(&placement.offsets) {
+            offsets[v] = Some(off);
+        }
+        Ok(Plan {
+            shapes,
+            offsets,
+            arena_bytes: placement.arena_bytes,
+            intermediate_bytes: intervals.iter().map(|iv| iv.bytes).sum(),
+        })
+    }
+
+    fn plan_for(&self, input_shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
+        if let Some(plan) = self.runtime().plans.get(input_shapes) {
+            return Ok(plan.clone());
+        }
+        // Planned outside the lock: another thread may plan the same shape meanwhile, harmlessly.
+        let plan = Arc::new(self.make_plan(input_shapes)?);
+        let mut rt = self.runtime();
+        // Keep few plans: a model fed many shapes should not grow without bound.
+        if rt.plans.len() >= 8 {
+            rt.plans.clear();
+        }
+        rt.plans.insert(input_shapes.to_vec(), plan.clone());
+        Ok(plan)
+    }
+
+    /// The memory plan for these input shapes (planning it if needed).
+    pub fn memory_plan(&self, input_shapes: &[Vec<usize>]) -> Result<MemoryPlan> {
+        let plan = self.plan_for(input_shapes)?;
+        Ok(MemoryPlan {
+            arena_bytes: plan.arena_bytes,
+            intermediate_bytes: plan.intermediate_bytes,
+            arenas_allocated: self.runtime().arenas_allocated,
+        })
+    }
+
+    /// An arena of at least `bytes`, reused from the pool when one is free.
+    fn take_arena(&self, bytes: usize) -> Tensor {
+        let mut rt = self.runtime();
+        if let Some(i) = rt.arenas.iter().position(|a| a.numel() * 4 >= bytes) {
+            return rt.arenas.swap_remove(i);
+        }
+        rt.arenas_allocated += 1;
+        Tensor::zeros(DType::F32, &[bytes.div_ceil(4)])
+    }
+
+    fn return_arena(&self, arena: Tensor) {
+        let mut rt = self.runtime();
+        // Arenas too small for the current plans are dropped rather than pooled forever.
+        let needed = rt.plans.values().map(|p| p.arena_bytes).max().unwrap_or(0);
+        if arena.numel() * 4 >= needed && rt.arenas.len() < 16 {
+            rt.arenas.push(arena);
+        }
+    }
+
+    /// Runs the graph. Inputs may be borrowed and non-contiguous; outputs are owned.
+    pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        self.check_inputs(&inputs)?;
+        let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        let plan = self.plan_for(&input_shapes)?;
+        let mut arena = self.take_arena(plan.arena_bytes);
+        let result = self.execute(&plan, &inputs, &mut arena);
+        self.return_arena(arena);
+        result
+    }
+
+    fn execute(&self, plan: &Plan, inputs: &[Tensor], arena: &mut Tensor) -> Result<Vec<Tensor>> {
+        // Kernels need row-major data: only non-contiguous inputs are copied.
+        let copies: Vec<Option<Tensor>> = inputs
+            .iter()
+            .map(|t| (!t.is_contiguous()).then(|| t.to_contiguous()).transpose())
+            .collect::<Result<_>>()?;
+        let base = arena.data_ptr_mut();
+        let mut values: Vec<Option<Tensor>> = (0..self.num_values()).map(|_| None).collect();
+        for node in &self.nodes {
+            let v = node.output;
+            let shape = &plan.shapes[v];
+            let mut out = match plan.offsets[v] {
+                // SAFETY: the planner gives values alive at the same time disjoint
+                // ranges inside the arena, which outlives this call.
+                Some(offset) => unsafe {
+                    Tensor::from_raw_parts(
+                        base.add(offset),
+                        self.dtype,
+                        shape.clone(),
+                        contiguous_strides(shape),
+                        Device::Cpu,
+                        Box::new(()),
+                    )?
+                },
+                None => Tensor::zeros(self.dtype, shape),
+            };
+            {
                 let refs: Vec<&Tensor> = node
                     .inputs
                     .iter()
-                    .zip(&copies)
-                    .map(|(&v, c)| c.as_ref().or(values[v].as_ref()))
-                    .collect::<Option<_>>()
-                    .ok_or_else(|| Error::internal(&node.name, "input vanished"))?;
-                let shapes: Vec<&[usize]> = refs.iter().map(|t| t.shape()).collect();
-                let shape = node
-                    .op
-                    .output_shape(&shapes)
-                    .map_err(|e| with_node(e, &node.name))?;
-                let mut out = Tensor::zeros(self.dtype, &shape);
+                    .map(|&u| self.value(u, &values, inputs, &copies))
+                    .collect::<Result<_>>()?;
                 node.op
                     .forward(&refs, &mut out)
                     .map_err(|e| with_node(e, &node.name))?;
-                out
-            };
-            for &v in &node.inputs {
-                if last_use[v] == Some(i) {
-                    values[v] = None;
-                }
             }
-            values[node.output] = Some(out);
+            values[v] = Some(out);
         }
         let mut result = Vec::with_capacity(self.outputs.len());
         for (k, &v) in self.outputs.iter().enumerate() {
             let reused_later = self.outputs[k + 1..].contains(&v);
-            let t = match &values[v] {
-                Some(t) if reused_later || t.is_borrowed() => t.to_contiguous()?,
-                Some(_) => values[v]
+            let t = match self.sources[v] {
+                Source::Node(_) if !reused_later => values[v]
                     .take()
                     .ok_or_else(|| Error::internal("graph", "output vanished"))?,
-                None => {
-                    return Err(Error::internal(
-                        "graph",
-                        format!("output value {v} was never computed"),
-                    ))
-                }
+                _ => self.value(v, &values, inputs, &copies)?.to_contiguous()?,
             };
             result.push(t);
         }
         Ok(result)
+    }
+
+    fn value<'a>(
+        &'a self,
+        v: ValueId,
+        values: &'a [Option<Tensor>],
+        inputs: &'a [Tensor],
+        copies: &'a [Option<Tensor>],
+    ) -> Result<&'a Tensor> {
+        match self.sources[v] {
+            Source::Input(i) => Ok(copies[i].as_ref().unwrap_or(&inputs[i])),
+            Source::Constant(c) => Ok(&self.constants[c]),
+            Source::Node(_) => values[v]
+                .as_ref()
+                .ok_or_else(|| Error::internal("graph", format!("value {v} read before written"))),
+        }
     }
 
     /// A human-readable table of the graph for the given input shapes.
@@ -277,33 +481,16 @@ impl Graph {
     }
 }
 
-/// Prefixes an error's message with the node it came from.
+/// Adds the node an error came from to its message.
 fn with_node(e: Error, node: &str) -> Error {
+    let at = |msg: String| format!("{msg} (at node '{node}')");
     match e {
-        Error::Shape { op, msg } => Error::Shape {
-            op,
-            msg: format!("{msg} (at node '{node}')"),
-        },
-        Error::Dtype { op, msg } => Error::Dtype {
-            op,
-            msg: format!("{msg} (at node '{node}')"),
-        },
-        Error::InvalidArgument { op, msg } => Error::InvalidArgument {
-            op,
-            msg: format!("{msg} (at node '{node}')"),
-        },
-        Error::Algorithm { op, msg } => Error::Algorithm {
-            op,
-            msg: format!("{msg} (at node '{node}')"),
-        },
-        Error::Device { op, msg } => Error::Device {
-            op,
-            msg: format!("{msg} (at node '{node}')"),
-        },
-        Error::Internal { op, msg } => Error::Internal {
-            op,
-            msg: format!("{msg} (at node '{node}')"),
-        },
+        Error::Shape { op, msg } => Error::Shape { op, msg: at(msg) },
+        Error::Dtype { op, msg } => Error::Dtype { op, msg: at(msg) },
+        Error::InvalidArgument { op, msg } => Error::InvalidArgument { op, msg: at(msg) },
+        Error::Algorithm { op, msg } => Error::Algorithm { op, msg: at(msg) },
+        Error::Device { op, msg } => Error::Device { op, msg: at(msg) },
+        Error::Internal { op, msg } => Error::Internal { op, msg: at(msg) },
     }
 }
 
@@ -315,10 +502,11 @@ mod tests {
     fn relu_chain() -> Graph {
         let mut g = Graph::new(DType::F32, 1);
         let a = g.push("relu", Box::new(Relu), vec![0]).unwrap();
-        let b = g
-            .push("flatten", Box::new(Flatten::new(1, -1)), vec![a])
+        let b = g.push("relu2", Box::new(Relu), vec![a]).unwrap();
+        let c = g
+            .push("flatten", Box::new(Flatten::new(1, -1)), vec![b])
             .unwrap();
-        g.set_outputs(vec![b, a]).unwrap();
+        g.set_outputs(vec![c, a]).unwrap();
         g
     }
 
@@ -329,8 +517,36 @@ mod tests {
         let out = g.run(vec![x]).unwrap();
         assert_eq!(out[0].shape(), &[1, 4]);
         assert_eq!(out[0].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
-        // The intermediate is also an output, so it must not have been freed.
-        assert_eq!(out[1].shape(), &[1, 2, 2]);
+        // The first intermediate is also an output, so it must not live in the arena.
+        assert_eq!(out[1].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
+    }
+
+    #[test]
+    fn second_call_with_same_shape_reuses_the_arena() {
+        let g = relu_chain();
+        let run = |v: f32| {
+            let x = Tensor::from_slice(&[v; 8], &[2, 2, 2]).unwrap();
+            g.run(vec![x]).unwrap()
+        };
+        assert_eq!(run(1.0)[0].as_slice::<f32>().unwrap(), &[1.0; 8]);
+        let first = g.memory_plan(&[vec![2, 2, 2]]).unwrap();
+        assert_eq!(run(3.0)[0].as_slice::<f32>().unwrap(), &[3.0; 8]);
+        let second = g.memory_plan(&[vec![2, 2, 2]]).unwrap();
+        assert_eq!(first.arenas_allocated, 1);
+        assert_eq!(second, first);
+    }
+
+    #[test]
+    fn constants_feed_nodes() {
+        let mut g = Graph::new(DType::F64, 0);
+        let c = g
+            .constant(Tensor::from_slice(&[-2.0f64, 5.0], &[2]).unwrap())
+            .unwrap();
+        let r = g.push("relu", Box::new(Relu), vec![c]).unwrap();
+        g.set_outputs(vec![r, c]).unwrap();
+        let out = g.run(vec![]).unwrap();
+        assert_eq!(out[0].as_slice::<f64>().unwrap(), &[0.0, 5.0]);
+        assert_eq!(out[1].as_slice::<f64>().unwrap(), &[-2.0, 5.0]);
     }
 
     #[test]

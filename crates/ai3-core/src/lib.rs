@@ -6,12 +6,13 @@ pub mod dtype;
 pub mod error;
 pub mod graph;
 pub mod ops;
+pub mod plan;
 pub mod registry;
 pub mod tensor;
 
 pub use ai3_kernels::params;
 pub use dtype::{DType, Device, Element};
 pub use error::{Error, Result};
-pub use graph::{Graph, NodeReport, ValueId};
+pub use graph::{Graph, MemoryPlan, NodeReport, ValueId};
 pub use registry::{Algorithm, OpKind, Request};
 pub use tensor::Tensor;

@@ -15,61 +15,8 @@ use ai3_kernels::params::{Conv2dParams, LinearParams};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// The operations ai3 implements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OpKind {
-    /// 2-D convolution.
-    Conv2d,
-    /// Fully connected layer.
-    Linear,
-    /// Rectified linear unit.
-    Relu,
-    /// 2-D max pooling.
-    MaxPool2d,
-    /// 2-D average pooling.
-    AvgPool2d,
-    /// 2-D adaptive average pooling.
-    AdaptiveAvgPool2d,
-    /// Flattening a range of dimensions.
-    Flatten,
-}
-
-impl OpKind {
-    /// Every operation, in the order they are documented.
-    pub const ALL: [OpKind; 7] = [
-        OpKind::Conv2d,
-        OpKind::Linear,
-        OpKind::Relu,
-        OpKind::MaxPool2d,
-        OpKind::AvgPool2d,
-        OpKind::AdaptiveAvgPool2d,
-        OpKind::Flatten,
-    ];
-
-    /// The name used in selectors and messages (`'conv2d'`, `'maxpool2d'`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            OpKind::Conv2d => "conv2d",
-            OpKind::Linear => "linear",
-            OpKind::Relu => "relu",
-            OpKind::MaxPool2d => "maxpool2d",
-            OpKind::AvgPool2d => "avgpool2d",
-            OpKind::AdaptiveAvgPool2d => "adaptiveavgpool2d",
-            OpKind::Flatten => "flatten",
-        }
-    }
-
-    /// Looks an operation up by its name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        OpKind::ALL.into_iter().find(|op| op.name() == name)
-    }
-}
-
-impl fmt::Display for OpKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+mod op_kind;
+pub use op_kind::OpKind;
 
 /// The algorithms ai3 knows, across all operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -270,6 +217,31 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(AvgPool2d, Direct, "window mean"),
     row!(AdaptiveAvgPool2d, Direct, "adaptive window mean"),
     row!(Flatten, Direct, "copy under a new shape"),
+    row!(Relu6, Direct, "elementwise min(max(x, 0), 6)"),
+    row!(Hardtanh, Direct, "elementwise clamp"),
+    row!(Hardswish, Direct, "elementwise x * relu6(x + 3) / 6"),
+    row!(Hardsigmoid, Direct, "elementwise relu6(x + 3) / 6"),
+    row!(Silu, Direct, "elementwise x * sigmoid(x)"),
+    row!(Sigmoid, Direct, "elementwise 1 / (1 + exp(-x))"),
+    row!(Gelu, Direct, "elementwise GELU (erf or tanh form)"),
+    row!(Tanh, Direct, "elementwise tanh"),
+    row!(Add, Direct, "broadcast loop over collapsed dimensions"),
+    row!(Sub, Direct, "broadcast loop over collapsed dimensions"),
+    row!(Mul, Direct, "broadcast loop over collapsed dimensions"),
+    row!(Div, Direct, "broadcast loop over collapsed dimensions"),
+    row!(Cat, Direct, "row-wise copies"),
+    row!(Softmax, Direct, "max-subtracted exp and sum"),
+    row!(
+        BatchNorm2d,
+        Direct,
+        "per-channel scale and shift folded at build time"
+    ),
+    row!(LayerNorm, Direct, "two-pass row statistics"),
+    row!(AdaptiveMaxPool2d, Direct, "adaptive window maximum"),
+    row!(Mean, Direct, "f64 sums over collapsed dimensions"),
+    row!(Permute, Direct, "strided copy over merged dimensions"),
+    row!(Reshape, Direct, "copy under a new shape"),
+    row!(Slice, Direct, "row-wise copy of one piece"),
 ];
 
 /// The registry rows of one operation on one device kind.

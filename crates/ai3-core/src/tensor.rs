@@ -231,6 +231,9 @@ impl Tensor {
     /// Whether elements are laid out row-major without gaps. Dimensions of
     /// size 1 may have any stride, as in PyTorch.
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
         let mut expected = 1isize;
         for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
             if d != 1 && s != expected {

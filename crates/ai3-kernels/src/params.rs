@@ -239,6 +239,64 @@ pub struct LinearParams {
     pub out_features: usize,
 }
 
+/// The NumPy/PyTorch broadcast of two shapes (aligned at the trailing
+/// dimension; a size of 1 stretches), or `None` when they are incompatible.
+///
+/// ```
+/// use ai3_kernels::params::broadcast_shape;
+/// assert_eq!(broadcast_shape(&[8, 3, 5, 5], &[3, 1, 1]), Some(vec![8, 3, 5, 5]));
+/// assert_eq!(broadcast_shape(&[2, 3], &[4]), None);
+/// ```
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let dim = |s: &[usize], k: usize| {
+        if k + s.len() >= rank {
+            s[k + s.len() - rank]
+        } else {
+            1
+        }
+    };
+    (0..rank)
+        .map(|k| match (dim(a, k), dim(b, k)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Sizes around one dimension of a contiguous tensor: `outer` blocks of
+/// `dim` slices of `inner` elements (softmax, concatenation, slicing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AxisParams {
+    /// Product of the dimensions before the axis.
+    pub outer: usize,
+    /// Size of the axis.
+    pub dim: usize,
+    /// Product of the dimensions after the axis.
+    pub inner: usize,
+}
+
+impl AxisParams {
+    /// Splits `shape` around dimension `axis` (which must be in range).
+    pub fn new(shape: &[usize], axis: usize) -> Self {
+        AxisParams {
+            outer: shape[..axis].iter().product(),
+            dim: shape[axis],
+            inner: shape[axis + 1..].iter().product(),
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.outer * self.dim * self.inner
+    }
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,8 @@ pub use ai3_kernels::cpu::pad::PadMode;
 use ai3_kernels::params::{Conv2dParams, Padding2d};
 
 use super::{
-    check_positive, check_weight_dtype, image_dims, image_shape, single, with_dtype, Operation,
+    check_positive, check_weight_dtype, image_dims, image_shape, single, with_dtype,
+    ActivationKind, Operation,
 };
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
@@ -30,6 +31,8 @@ pub struct Conv2d {
     request: Request,
     /// Winograd-transformed weights, computed once on first use.
     winograd_filter: OnceLock<Tensor>,
+    /// Activation fused into the output, applied in place after the kernel.
+    activation: Option<ActivationKind>,
 }
 
 impl Conv2d {
@@ -95,6 +98,7 @@ impl Conv2d {
             padding_mode,
             request,
             winograd_filter: OnceLock::new(),
+            activation: None,
         };
         if let Request::Named(algo) = request {
             // An input large enough for any kernel, so only shape-independent constraints can fail.
@@ -112,6 +116,18 @@ impl Conv2d {
             )?;
         }
         Ok(conv)
+    }
+
+    /// Fuses `activation` (any kind) into the layer: it is applied in place
+    /// to the output right after the convolution, saving a pass and a buffer.
+    pub fn with_activation(mut self, activation: Option<ActivationKind>) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// The fused activation, if any.
+    pub fn activation(&self) -> Option<ActivationKind> {
+        self.activation
     }
 
     fn in_channels(&self) -> usize {
@@ -239,6 +255,10 @@ impl Operation for Conv2d {
         OP
     }
 
+    fn fused_activation(&self) -> Option<OpKind> {
+        self.activation.map(|a| a.op_kind())
+    }
+
     fn algorithm_for(&self, input_shape: &[usize]) -> Result<String> {
         let (p, _) = self.params_for(input_shape)?;
         Ok(self.algorithm(&p)?.name().into())
@@ -275,6 +295,9 @@ impl Operation for Conv2d {
                     padded.as_mut_slice()?,
                 );
                 self.run::<T>(&p, padded.as_slice()?, output.as_mut_slice()?)?;
+            }
+            if let Some(a) = self.activation {
+                a.apply_inplace::<T>(output.as_mut_slice()?);
             }
         });
         Ok(())

@@ -3,7 +3,7 @@
 use ai3_kernels::cpu::linear;
 use ai3_kernels::params::LinearParams;
 
-use super::{check_not_empty, check_weight_dtype, single, with_dtype, Operation};
+use super::{check_not_empty, check_weight_dtype, single, with_dtype, ActivationKind, Operation};
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
@@ -16,6 +16,8 @@ pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
     request: Request,
+    /// Activation fused into the output, applied in place after the GEMM.
+    activation: Option<ActivationKind>,
 }
 
 impl Linear {
@@ -55,9 +57,21 @@ impl Linear {
             weight,
             bias,
             request,
+            activation: None,
         };
         layer.algorithm(&layer.params(1))?;
         Ok(layer)
+    }
+
+    /// Fuses `activation` (any kind) into the layer, applied in place to the output.
+    pub fn with_activation(mut self, activation: Option<ActivationKind>) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// The fused activation, if any.
+    pub fn activation(&self) -> Option<ActivationKind> {
+        self.activation
     }
 
     fn params(&self, rows: usize) -> LinearParams {
@@ -93,6 +107,10 @@ impl Operation for Linear {
     fn kind(&self) -> OpKind {
         OP
     }
+
+    fn fused_activation(&self) -> Option<OpKind> {
+        self.activation.map(|a| a.op_kind())
+    }
     fn algorithm_for(&self, input_shape: &[usize]) -> Result<String> {
         Ok(self
             .algorithm(&self.params_for(input_shape)?)?
@@ -118,13 +136,11 @@ impl Operation for Linear {
                     Some(b) => Some(b.as_slice::<T>()?),
                     None => None,
                 };
-                linear::gemm::<T>(
-                    &p,
-                    x.as_slice()?,
-                    self.weight.as_slice()?,
-                    b,
-                    output.as_mut_slice()?,
-                )
+                let out = output.as_mut_slice()?;
+                linear::gemm::<T>(&p, x.as_slice()?, self.weight.as_slice()?, b, out);
+                if let Some(a) = self.activation {
+                    a.apply_inplace::<T>(out);
+                }
             }),
             other => {
                 return Err(Error::algorithm(

@@ -8,22 +8,36 @@ use crate::error::{Error, Result};
 use crate::registry::OpKind;
 use crate::tensor::{shape_str, Tensor};
 
+mod activation;
+mod binary;
 mod conv2d;
 mod flatten;
 mod linear;
+mod norm;
 mod pool;
+mod reduce;
 mod relu;
+mod reshape;
+mod shape;
 
+pub use activation::{Activation, ActivationKind};
+pub use binary::{Binary, BinaryKind};
 pub use conv2d::{Conv2d, PadMode};
 pub use flatten::Flatten;
 pub use linear::Linear;
-pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, Window};
+pub use norm::{BatchNorm2d, LayerNorm};
+pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d, Window};
+pub use reduce::{Mean, Softmax};
 pub use relu::Relu;
+pub use reshape::{Reshape, SizeExpr};
+pub use shape::{Concat, Permute, Slice, SliceMode};
 
 /// A node's computation: validated at construction, then run many times.
 ///
 /// Inputs reach `forward` contiguous, on the CPU and in the graph's dtype;
-/// `output` is a zeroed contiguous tensor of `output_shape`'s shape.
+/// `output` is a contiguous tensor of `output_shape`'s shape whose contents
+/// are unspecified (the executor may hand out reused memory): `forward` must
+/// write every element of it.
 pub trait Operation: Send + Sync + fmt::Debug {
     /// Which operation this is.
     fn kind(&self) -> OpKind;
@@ -31,6 +45,10 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn algorithm_for(&self, input_shape: &[usize]) -> Result<String>;
     /// The output shape for these input shapes, or an error naming the shapes.
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>>;
+    /// The activation fused into this node at convert time, for summaries.
+    fn fused_activation(&self) -> Option<OpKind> {
+        None
+    }
     /// Computes `output` from `inputs`.
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()>;
 }
@@ -103,6 +121,42 @@ pub(crate) fn single<'a, T: ?Sized>(op: OpKind, inputs: &[&'a T]) -> Result<&'a 
             format!("expected 1 input, got {}", inputs.len()),
         )),
     }
+}
+
+/// Dimension `dim` of a tensor of rank `rank` (negative counts from the end,
+/// as in PyTorch), or an error naming the shape.
+pub(crate) fn normalize_dim(op: OpKind, dim: i64, rank: usize, shape: &[usize]) -> Result<usize> {
+    let r = rank as i64;
+    let d = if dim < 0 { dim + r } else { dim };
+    if !(0..r).contains(&d) {
+        return Err(Error::invalid(
+            op.name(),
+            format!(
+                "dimension {dim} is out of range for input of shape {} (expected a value in [{}, {}])",
+                shape_str(shape),
+                -r,
+                r - 1
+            ),
+        ));
+    }
+    Ok(d as usize)
+}
+
+/// The elements of `t`, or an empty slice when it has none (an empty
+/// tensor's strides need not look contiguous, so `as_slice` may refuse it).
+pub(crate) fn elements<T: crate::dtype::Element>(t: &Tensor) -> Result<&[T]> {
+    if t.numel() == 0 {
+        return Ok(&[]);
+    }
+    t.as_slice()
+}
+
+/// The elements of `t` for writing, or an empty slice when it has none.
+pub(crate) fn elements_mut<T: crate::dtype::Element>(t: &mut Tensor) -> Result<&mut [T]> {
+    if t.numel() == 0 {
+        return Ok(&mut []);
+    }
+    t.as_mut_slice()
 }
 
 /// Checks that a weight tensor has the dtype of the graph.

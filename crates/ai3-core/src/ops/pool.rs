@@ -170,59 +170,90 @@ impl Operation for AvgPool2d {
     }
 }
 
-/// Average pooling to a fixed output size; `None` keeps that input dimension.
-#[derive(Debug)]
-pub struct AdaptiveAvgPool2d {
-    output_size: (Option<usize>, Option<usize>),
+type OutputSize = (Option<usize>, Option<usize>);
+
+fn check_output_size(op: OpKind, output_size: OutputSize) -> Result<()> {
+    if output_size.0 == Some(0) || output_size.1 == Some(0) {
+        return Err(Error::invalid(
+            op.name(),
+            format!("output_size must be positive, got {output_size:?}"),
+        ));
+    }
+    Ok(())
 }
 
-impl AdaptiveAvgPool2d {
-    /// PyTorch's `nn.AdaptiveAvgPool2d`.
-    pub fn new(output_size: (Option<usize>, Option<usize>)) -> Result<Self> {
-        if output_size.0 == Some(0) || output_size.1 == Some(0) {
-            return Err(Error::invalid(
-                OpKind::AdaptiveAvgPool2d.name(),
-                format!("output_size must be positive, got {output_size:?}"),
-            ));
+fn adaptive_params(
+    op: OpKind,
+    output_size: OutputSize,
+    shape: &[usize],
+) -> Result<(AdaptivePool2dParams, bool)> {
+    let (n, c, h, w, batched) = image_dims(op, shape)?;
+    Ok((
+        AdaptivePool2dParams {
+            batch: n,
+            channels: c,
+            in_h: h,
+            in_w: w,
+            out_h: output_size.0.unwrap_or(h),
+            out_w: output_size.1.unwrap_or(w),
+        },
+        batched,
+    ))
+}
+
+/// Defines an adaptive pooling operation over `$kernel`.
+macro_rules! adaptive_pool {
+    ($(#[$doc:meta])* $name:ident, $op:expr, $kernel:path) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name {
+            output_size: OutputSize,
         }
-        Ok(AdaptiveAvgPool2d { output_size })
-    }
 
-    fn params(&self, shape: &[usize]) -> Result<(AdaptivePool2dParams, bool)> {
-        let (n, c, h, w, batched) = image_dims(OpKind::AdaptiveAvgPool2d, shape)?;
-        Ok((
-            AdaptivePool2dParams {
-                batch: n,
-                channels: c,
-                in_h: h,
-                in_w: w,
-                out_h: self.output_size.0.unwrap_or(h),
-                out_w: self.output_size.1.unwrap_or(w),
-            },
-            batched,
-        ))
-    }
+        impl $name {
+            /// The layer; `None` in `output_size` keeps that input dimension.
+            pub fn new(output_size: OutputSize) -> Result<Self> {
+                check_output_size($op, output_size)?;
+                Ok($name { output_size })
+            }
+        }
+
+        impl Operation for $name {
+            fn kind(&self) -> OpKind {
+                $op
+            }
+            fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+                Ok(Algorithm::Direct.name().into())
+            }
+            fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+                let (p, batched) = adaptive_params($op, self.output_size, single($op, inputs)?)?;
+                Ok(image_shape(batched, p.batch, p.channels, p.out_h, p.out_w))
+            }
+            fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+                let x = single($op, inputs)?;
+                let (p, _) = adaptive_params($op, self.output_size, x.shape())?;
+                with_dtype!(
+                    x.dtype(),
+                    T,
+                    $kernel(&p, x.as_slice::<T>()?, output.as_mut_slice::<T>()?)
+                );
+                Ok(())
+            }
+        }
+    };
 }
 
-impl Operation for AdaptiveAvgPool2d {
-    fn kind(&self) -> OpKind {
-        OpKind::AdaptiveAvgPool2d
-    }
-    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
-        Ok(Algorithm::Direct.name().into())
-    }
-    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
-        let (p, batched) = self.params(single(OpKind::AdaptiveAvgPool2d, inputs)?)?;
-        Ok(image_shape(batched, p.batch, p.channels, p.out_h, p.out_w))
-    }
-    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
-        let x = single(OpKind::AdaptiveAvgPool2d, inputs)?;
-        let (p, _) = self.params(x.shape())?;
-        with_dtype!(
-            x.dtype(),
-            T,
-            pool::adaptive_avgpool2d::<T>(&p, x.as_slice()?, output.as_mut_slice()?)
-        );
-        Ok(())
-    }
-}
+adaptive_pool!(
+    /// Average pooling to a fixed output size (PyTorch's `nn.AdaptiveAvgPool2d`).
+    AdaptiveAvgPool2d,
+    OpKind::AdaptiveAvgPool2d,
+    pool::adaptive_avgpool2d
+);
+
+adaptive_pool!(
+    /// Max pooling to a fixed output size (PyTorch's `nn.AdaptiveMaxPool2d`,
+    /// values only); NaN propagates.
+    AdaptiveMaxPool2d,
+    OpKind::AdaptiveMaxPool2d,
+    pool::adaptive_maxpool2d
+);

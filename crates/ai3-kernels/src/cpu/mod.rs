@@ -5,11 +5,15 @@
 //! caller owns. Parallelism comes from rayon over independent output blocks.
 
 pub mod activation;
+pub mod binary;
 pub mod conv2d;
 pub mod linear;
 mod matmul;
+pub mod norm;
 pub mod pad;
 pub mod pool;
+pub mod reduce;
+pub mod shape;
 
 #[cfg(test)]
 pub(crate) mod test_util;

@@ -205,7 +205,7 @@ mod tests {
         let input = rng.vec(p.input_len());
         let weight = rng.vec(p.weight_len());
         let want = reference_conv(&p, &input, &weight, None);
-        let mut out = vec![0f32; p.output_len()];
+        let mut out = vec![f32::NAN; p.output_len()];
         conv2d(&p, &cast(&input), &cast(&weight), None, &mut out);
         assert_close(&out, &want, 1e-4, "gemm blocked");
     }

@@ -1,4 +1,4 @@
-//! Adaptive average pooling.
+//! Adaptive average and max pooling.
 
 use super::for_each_plane;
 use crate::params::AdaptivePool2dParams;
@@ -35,9 +35,93 @@ pub fn adaptive_avgpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], outpu
     });
 }
 
+/// 2-D adaptive max pooling as PyTorch's `adaptive_max_pool2d`, with the
+/// windows of [`adaptive_avgpool2d`]; a NaN in a window makes its output NaN.
+pub fn adaptive_maxpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], output: &mut [T]) {
+    debug_assert_eq!(input.len(), p.input_len());
+    debug_assert_eq!(output.len(), p.output_len());
+    let (oh, ow) = (p.out_h, p.out_w);
+    let rows: Vec<_> = (0..oh).map(|y| bounds(y, p.in_h, oh)).collect();
+    let cols: Vec<_> = (0..ow).map(|x| bounds(x, p.in_w, ow)).collect();
+    for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
+        for (y, &(h0, h1)) in rows.iter().enumerate() {
+            for (x, &(w0, w1)) in cols.iter().enumerate() {
+                let mut acc = T::neg_infinity();
+                for iy in h0..h1 {
+                    for &v in &src[iy * p.in_w + w0..iy * p.in_w + w1] {
+                        // Once acc is NaN nothing replaces it but another NaN.
+                        if v > acc || v.is_nan() {
+                            acc = v;
+                        }
+                    }
+                }
+                dst[y * ow + x] = acc;
+            }
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::test_util::Rng;
+
+    /// The maximum of each window straight from the window rule.
+    fn naive_max(p: &AdaptivePool2dParams, x: &[f64]) -> Vec<f64> {
+        let mut out = Vec::new();
+        for plane in x.chunks(p.in_h * p.in_w) {
+            for y in 0..p.out_h {
+                for xo in 0..p.out_w {
+                    let (h0, h1) = (y * p.in_h / p.out_h, ((y + 1) * p.in_h).div_ceil(p.out_h));
+                    let (w0, w1) = (xo * p.in_w / p.out_w, ((xo + 1) * p.in_w).div_ceil(p.out_w));
+                    let mut m = f64::NEG_INFINITY;
+                    for iy in h0..h1 {
+                        for ix in w0..w1 {
+                            m = m.max(plane[iy * p.in_w + ix]);
+                        }
+                    }
+                    out.push(m);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn adaptive_max_matches_naive_and_propagates_nan() {
+        let mut rng = Rng::new(31);
+        for (ih, iw, oh, ow) in [(5, 7, 3, 2), (4, 4, 1, 1), (3, 2, 5, 7), (9, 10, 4, 4)] {
+            let p = AdaptivePool2dParams {
+                batch: 2,
+                channels: 3,
+                in_h: ih,
+                in_w: iw,
+                out_h: oh,
+                out_w: ow,
+            };
+            let x = rng.vec(p.input_len());
+            let mut out = vec![f64::NAN; p.output_len()];
+            adaptive_maxpool2d(&p, &x, &mut out);
+            assert_eq!(out, naive_max(&p, &x), "{p:?}");
+            let mut out32 = vec![f32::NAN; p.output_len()];
+            let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            adaptive_maxpool2d(&p, &x32, &mut out32);
+            let want: Vec<f32> = naive_max(&p, &x).iter().map(|&v| v as f32).collect();
+            assert_eq!(out32, want);
+        }
+        let p = AdaptivePool2dParams {
+            batch: 1,
+            channels: 1,
+            in_h: 1,
+            in_w: 4,
+            out_h: 1,
+            out_w: 2,
+        };
+        let mut out = [0.0f32; 2];
+        adaptive_maxpool2d(&p, &[1.0, f32::NAN, 3.0, 4.0], &mut out);
+        assert!(out[0].is_nan());
+        assert_eq!(out[1], 4.0);
+    }
 
     #[test]
     fn hand_computed() {
@@ -51,7 +135,7 @@ mod tests {
             out_h: 1,
             out_w: 3,
         };
-        let mut out = [0.0; 3];
+        let mut out = [f64::NAN; 3];
         adaptive_avgpool2d(&p, &x, &mut out);
         assert_eq!(out, [1.5, 3.0, 4.5]);
     }
@@ -67,7 +151,7 @@ mod tests {
             out_h: 1,
             out_w: 1,
         };
-        let mut out = vec![0.0f32; 6];
+        let mut out = vec![f32::NAN; 6];
         adaptive_avgpool2d(&p, &x, &mut out);
         for (i, v) in out.iter().enumerate() {
             let plane = &x[i * 24..(i + 1) * 24];
@@ -75,7 +159,7 @@ mod tests {
         }
         p.out_h = 4;
         p.out_w = 6;
-        let mut same = vec![0.0f32; x.len()];
+        let mut same = vec![f32::NAN; x.len()];
         adaptive_avgpool2d(&p, &x, &mut same);
         assert_eq!(same, x);
     }
@@ -92,7 +176,7 @@ mod tests {
             out_h: 3,
             out_w: 3,
         };
-        let mut out = [0.0; 9];
+        let mut out = [f64::NAN; 9];
         adaptive_avgpool2d(&p, &x, &mut out);
         assert_eq!(out, [1.0, 1.5, 2.0, 2.0, 2.5, 3.0, 3.0, 3.5, 4.0]);
     }

@@ -138,7 +138,7 @@ mod tests {
         let x: Vec<f64> = (1..=9).map(f64::from).collect();
         let p = params(3, 3, (2, 2), (2, 2), (1, 1), false);
         assert_eq!((p.out_h(), p.out_w()), (2, 2));
-        let mut out = [0.0; 4];
+        let mut out = [f64::NAN; 4];
         avgpool2d(&p, &INCLUDE, &x, &mut out);
         assert_eq!(out, [1.0 / 4.0, 5.0 / 4.0, 11.0 / 4.0, 28.0 / 4.0]);
         avgpool2d(&p, &EXCLUDE, &x, &mut out);
@@ -155,7 +155,7 @@ mod tests {
         // count_include_pad divides by 1 there.
         let x = [1.0f32, 2.0, 3.0];
         let p = params(1, 3, (1, 2), (1, 2), (0, 0), true);
-        let mut out = [0.0f32; 2];
+        let mut out = [f32::NAN; 2];
         avgpool2d(&p, &INCLUDE, &x, &mut out);
         assert_eq!(out, [1.5, 3.0]);
 
@@ -164,7 +164,7 @@ mod tests {
         let x = [1.0f64, 2.0, 3.0, 4.0];
         let p = params(1, 4, (1, 3), (1, 2), (0, 1), true);
         assert_eq!(p.out_w(), 3);
-        let mut out = [0.0; 3];
+        let mut out = [f64::NAN; 3];
         avgpool2d(&p, &INCLUDE, &x, &mut out);
         // Windows: [-1,2) -> 3/3, [1,4) -> 9/3, [3,5)∩[.,5) -> 4/2.
         assert_eq!(out, [1.0, 3.0, 2.0]);

@@ -112,7 +112,7 @@ mod tests {
         let x: Vec<f32> = (0..20).map(|i| i as f32).collect();
         let p = params(4, 5, 2, 2, 0, 1, true);
         assert_eq!((p.out_h(), p.out_w()), (2, 3));
-        let mut out = [0.0f32; 6];
+        let mut out = [f32::NAN; 6];
         maxpool2d(&p, &x, &mut out);
         assert_eq!(out, [6., 8., 9., 16., 18., 19.]);
 
@@ -120,14 +120,14 @@ mod tests {
         // not win as 0.
         let x = [-1.0f64, -2.0, -3.0, -4.0];
         let p = params(2, 2, 3, 2, 1, 1, false);
-        let mut out = [0.0; 1];
+        let mut out = [f64::NAN; 1];
         maxpool2d(&p, &x, &mut out);
         assert_eq!(out, [-1.0]);
 
         // Dilation 2 on a 3x3 ramp picks the corners.
         let x: Vec<f64> = (0..9).map(|i| -(i as f64)).collect();
         let p = params(3, 3, 2, 1, 0, 2, false);
-        let mut out = [0.0; 1];
+        let mut out = [f64::NAN; 1];
         maxpool2d(&p, &x, &mut out);
         assert_eq!(out, [0.0]);
     }

@@ -1,4 +1,4 @@
-//! 2-D pooling on the CPU: maximum, average and adaptive average.
+//! 2-D pooling on the CPU: maximum, average, adaptive average and adaptive maximum.
 //!
 //! Each kernel runs one rayon task per `(batch, channel)` plane; windows are
 //! clipped to the input, so padding is never materialised.
@@ -7,7 +7,7 @@ mod adaptive;
 mod avg;
 mod max;
 
-pub use adaptive::adaptive_avgpool2d;
+pub use adaptive::{adaptive_avgpool2d, adaptive_maxpool2d};
 pub use avg::avgpool2d;
 pub use max::maxpool2d;
 

@@ -1,0 +1,316 @@
+//! Elementwise activations: one operation type for every activation, and the
+//! [`ActivationKind`] that convolution and linear layers fuse as an epilogue.
+
+use ai3_kernels::cpu::activation::{map, map_inplace, scalar};
+use ai3_kernels::Float;
+
+use super::{check_not_empty, single, with_dtype, Operation};
+use crate::error::{Error, Result};
+use crate::registry::{Algorithm, OpKind};
+use crate::tensor::Tensor;
+
+/// Which activation, with its parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ActivationKind {
+    /// `max(x, 0)`.
+    Relu,
+    /// `min(max(x, 0), 6)`.
+    Relu6,
+    /// `x` clamped to `[min, max]`.
+    Hardtanh {
+        /// PyTorch's `min_val`.
+        min: f64,
+        /// PyTorch's `max_val`.
+        max: f64,
+    },
+    /// `x * relu6(x + 3) / 6`.
+    Hardswish,
+    /// `relu6(x + 3) / 6`.
+    Hardsigmoid,
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
+    /// GELU: exact (erf) or, with `tanh`, PyTorch's `approximate='tanh'`.
+    Gelu {
+        /// Use the tanh approximation.
+        tanh: bool,
+    },
+    /// Hyperbolic tangent.
+    Tanh,
+}
+
+fn lit<T: Float>(v: f64) -> T {
+    T::from_f64(v).unwrap_or_else(T::nan)
+}
+
+/// Calls `$f(.., g)` with `g` the scalar function of `$kind` at element type
+/// `$t`, so the match happens once per call, not once per element.
+macro_rules! with_scalar_fn {
+    ($kind:expr, $t:ty, $f:ident($($arg:expr),*)) => {
+        match $kind {
+            ActivationKind::Relu => $f($($arg,)* scalar::relu::<$t>),
+            ActivationKind::Relu6 => $f($($arg,)* scalar::relu6::<$t>),
+            ActivationKind::Hardtanh { min, max } => {
+                let (lo, hi) = (lit::<$t>(min), lit::<$t>(max));
+                $f($($arg,)* move |x: $t| scalar::hardtanh(x, lo, hi))
+            }
+            ActivationKind::Hardswish => $f($($arg,)* scalar::hardswish::<$t>),
+            ActivationKind::Hardsigmoid => $f($($arg,)* scalar::hardsigmoid::<$t>),
+            ActivationKind::Silu => $f($($arg,)* scalar::silu::<$t>),
+            ActivationKind::Sigmoid => $f($($arg,)* scalar::sigmoid::<$t>),
+            ActivationKind::Gelu { tanh: false } => $f($($arg,)* scalar::gelu::<$t>),
+            ActivationKind::Gelu { tanh: true } => $f($($arg,)* scalar::gelu_tanh::<$t>),
+            ActivationKind::Tanh => $f($($arg,)* scalar::tanh::<$t>),
+        }
+    };
+}
+
+impl ActivationKind {
+    /// The operation this activation is on its own (`relu6`, `gelu`, ...).
+    pub fn op_kind(&self) -> OpKind {
+        match self {
+            ActivationKind::Relu => OpKind::Relu,
+            ActivationKind::Relu6 => OpKind::Relu6,
+            ActivationKind::Hardtanh { .. } => OpKind::Hardtanh,
+            ActivationKind::Hardswish => OpKind::Hardswish,
+            ActivationKind::Hardsigmoid => OpKind::Hardsigmoid,
+            ActivationKind::Silu => OpKind::Silu,
+            ActivationKind::Sigmoid => OpKind::Sigmoid,
+            ActivationKind::Gelu { .. } => OpKind::Gelu,
+            ActivationKind::Tanh => OpKind::Tanh,
+        }
+    }
+
+    /// Parses an operation name and its parameters, as the Python layer passes them:
+    /// `hardtanh` takes `[min_val, max_val]` (default `[-1, 1]`), `gelu` takes
+    /// `[]` or `[0]` for the exact form and `[1]` for `approximate='tanh'`,
+    /// every other activation takes no parameter.
+    ///
+    /// ```
+    /// use ai3_core::ops::ActivationKind;
+    /// let k = ActivationKind::from_name("hardtanh", &[0.0, 6.0]).unwrap();
+    /// assert_eq!(k, ActivationKind::Hardtanh { min: 0.0, max: 6.0 });
+    /// assert!(ActivationKind::from_name("gelu", &[1.0, 2.0]).is_err());
+    /// ```
+    pub fn from_name(name: &str, params: &[f64]) -> Result<Self> {
+        let no_params = |k: ActivationKind| {
+            if params.is_empty() {
+                Ok(k)
+            } else {
+                Err(Error::invalid(
+                    name,
+                    format!("takes no parameters, got {params:?}"),
+                ))
+            }
+        };
+        match name {
+            "relu" => no_params(ActivationKind::Relu),
+            "relu6" => no_params(ActivationKind::Relu6),
+            "hardswish" => no_params(ActivationKind::Hardswish),
+            "hardsigmoid" => no_params(ActivationKind::Hardsigmoid),
+            "silu" => no_params(ActivationKind::Silu),
+            "sigmoid" => no_params(ActivationKind::Sigmoid),
+            "tanh" => no_params(ActivationKind::Tanh),
+            "hardtanh" => {
+                let kind = match *params {
+                    [] => ActivationKind::Hardtanh {
+                        min: -1.0,
+                        max: 1.0,
+                    },
+                    [min, max] => ActivationKind::Hardtanh { min, max },
+                    _ => {
+                        return Err(Error::invalid(
+                            name,
+                            format!("takes [min_val, max_val], got {params:?}"),
+                        ))
+                    }
+                };
+                kind.check()?;
+                Ok(kind)
+            }
+            "gelu" => match *params {
+                [] => Ok(ActivationKind::Gelu { tanh: false }),
+                [v] if v == 0.0 || v == 1.0 => Ok(ActivationKind::Gelu { tanh: v == 1.0 }),
+                _ => Err(Error::invalid(
+                    name,
+                    format!(
+                        "takes [] or [0] (approximate='none') or [1] (approximate='tanh'), got {params:?}"
+                    ),
+                )),
+            },
+            other => Err(Error::invalid(
+                "activation",
+                format!(
+                    "unknown activation '{other}'; choose one of relu, relu6, hardtanh, hardswish, hardsigmoid, silu, sigmoid, gelu, tanh"
+                ),
+            )),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if let ActivationKind::Hardtanh { min, max } = *self {
+            if min.is_nan() || max.is_nan() || min > max {
+                return Err(Error::invalid(
+                    OpKind::Hardtanh.name(),
+                    format!("min_val {min} must not exceed max_val {max}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The activation of one element.
+    pub fn apply<T: Float>(&self, x: T) -> T {
+        fn call<T, F: Fn(T) -> T>(x: T, f: F) -> T {
+            f(x)
+        }
+        with_scalar_fn!(*self, T, call(x))
+    }
+
+    /// `output[i] = activation(input[i])`, every element written.
+    pub fn apply_to<T: Float>(&self, input: &[T], output: &mut [T]) {
+        with_scalar_fn!(*self, T, map(input, output))
+    }
+
+    /// The activation applied in place, e.g. to a convolution's output.
+    pub fn apply_inplace<T: Float>(&self, data: &mut [T]) {
+        with_scalar_fn!(*self, T, map_inplace(data))
+    }
+}
+
+/// An elementwise activation as a graph operation.
+#[derive(Debug, Clone, Copy)]
+pub struct Activation {
+    kind: ActivationKind,
+}
+
+impl Activation {
+    /// Wraps an activation (rejects `hardtanh` with `min_val > max_val`).
+    pub fn new(kind: ActivationKind) -> Result<Self> {
+        kind.check()?;
+        Ok(Activation { kind })
+    }
+
+    /// The activation computed.
+    pub fn activation(&self) -> ActivationKind {
+        self.kind
+    }
+}
+
+impl Operation for Activation {
+    fn kind(&self) -> OpKind {
+        self.kind.op_kind()
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let x = single(self.kind(), inputs)?;
+        check_not_empty(self.kind(), x)?;
+        Ok(x.to_vec())
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(self.kind(), inputs)?;
+        with_dtype!(x.dtype(), T, {
+            self.kind
+                .apply_to::<T>(x.as_slice()?, output.as_mut_slice()?)
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    #[test]
+    fn parses_every_activation_and_rejects_bad_params() {
+        for op in OpKind::ALL {
+            if let Ok(k) = ActivationKind::from_name(op.name(), &[]) {
+                assert_eq!(k.op_kind(), op);
+            }
+        }
+        assert!(ActivationKind::from_name("relu6", &[1.0]).is_err());
+        assert!(ActivationKind::from_name("hardtanh", &[2.0, 1.0]).is_err());
+        assert!(ActivationKind::from_name("gelu", &[0.5]).is_err());
+        let err = ActivationKind::from_name("swish", &[]).unwrap_err();
+        assert!(err.to_string().contains("unknown activation 'swish'"));
+    }
+
+    #[test]
+    fn forward_matches_apply() {
+        let x = Tensor::from_slice(&[-4.0f64, -1.0, 0.0, 0.5, 3.0, 7.0], &[2, 3]).unwrap();
+        for kind in [
+            ActivationKind::Relu6,
+            ActivationKind::Hardtanh {
+                min: -0.5,
+                max: 2.0,
+            },
+            ActivationKind::Gelu { tanh: true },
+            ActivationKind::Silu,
+        ] {
+            let op = Activation::new(kind).unwrap();
+            let mut out = Tensor::zeros(DType::F64, &[2, 3]);
+            op.forward(&[&x], &mut out).unwrap();
+            let want: Vec<f64> = x
+                .as_slice::<f64>()
+                .unwrap()
+                .iter()
+                .map(|&v| kind.apply(v))
+                .collect();
+            assert_eq!(out.as_slice::<f64>().unwrap(), &want[..]);
+            let mut inplace = x.as_slice::<f64>().unwrap().to_vec();
+            kind.apply_inplace(&mut inplace);
+            assert_eq!(inplace, want);
+        }
+        assert_eq!(ActivationKind::Relu6.apply(7.0f32), 6.0);
+        assert_eq!(ActivationKind::Hardswish.apply(1.0f64), 1.0 * 4.0 / 6.0);
+    }
+
+    #[test]
+    fn conv_and_linear_fuse_the_activation() {
+        use crate::ops::{Conv2d, Linear, PadMode};
+        use crate::params::Padding2d;
+        use crate::registry::{Algorithm, Request};
+        let w: Vec<f32> = (0..18).map(|i| (i as f32 - 8.0) / 4.0).collect();
+        let x: Vec<f32> = (0..16).map(|i| (i as f32 - 7.0) / 2.0).collect();
+        let x = Tensor::from_slice(&x, &[1, 1, 4, 4]).unwrap();
+        let kind = ActivationKind::Hardtanh {
+            min: -1.0,
+            max: 2.0,
+        };
+        for algo in [Algorithm::Direct, Algorithm::Gemm, Algorithm::Winograd] {
+            let conv = |act| {
+                let w = Tensor::from_slice(&w, &[2, 1, 3, 3]).unwrap();
+                let c = Conv2d::new(
+                    w,
+                    None,
+                    (1, 1),
+                    Padding2d::symmetric(1, 1),
+                    (1, 1),
+                    1,
+                    PadMode::Zeros,
+                    Request::Named(algo),
+                )
+                .unwrap();
+                let mut out = Tensor::zeros(DType::F32, &[1, 2, 4, 4]);
+                c.with_activation(act).forward(&[&x], &mut out).unwrap();
+                out.as_slice::<f32>().unwrap().to_vec()
+            };
+            let plain = conv(None);
+            assert!(plain.iter().any(|&v| !(-1.0..=2.0).contains(&v)));
+            let want: Vec<f32> = plain.iter().map(|&v| kind.apply(v)).collect();
+            assert_eq!(conv(Some(kind)), want, "{algo}");
+        }
+        let w = Tensor::from_slice(&[1.0f64, -1.0, 2.0, 0.5], &[2, 2]).unwrap();
+        let lin = Linear::new(w, None, Request::Default)
+            .unwrap()
+            .with_activation(Some(ActivationKind::Relu));
+        let x = Tensor::from_slice(&[1.0f64, 3.0], &[1, 2]).unwrap();
+        let mut out = Tensor::zeros(DType::F64, &[1, 2]);
+        lin.forward(&[&x], &mut out).unwrap();
+        assert_eq!(out.as_slice::<f64>().unwrap(), &[0.0, 3.5]);
+    }
+}

@@ -1,0 +1,211 @@
+//! Binary elementwise arithmetic with broadcasting: add, sub, mul, div.
+
+use ai3_kernels::cpu::binary;
+use ai3_kernels::params::broadcast_shape;
+
+use super::{elements, elements_mut, with_dtype, Operation};
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::registry::{Algorithm, OpKind};
+use crate::tensor::{shape_str, Tensor};
+
+/// The arithmetic operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryKind {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b` (IEEE: division by zero gives ±inf or NaN, as in PyTorch).
+    Div,
+}
+
+impl BinaryKind {
+    /// The operation (`add`, `sub`, `mul`, `div`).
+    pub fn op_kind(self) -> OpKind {
+        match self {
+            BinaryKind::Add => OpKind::Add,
+            BinaryKind::Sub => OpKind::Sub,
+            BinaryKind::Mul => OpKind::Mul,
+            BinaryKind::Div => OpKind::Div,
+        }
+    }
+
+    /// Looks a kind up by its operation name.
+    pub fn from_name(name: &str) -> Result<Self> {
+        Ok(match name {
+            "add" => BinaryKind::Add,
+            "sub" => BinaryKind::Sub,
+            "mul" => BinaryKind::Mul,
+            "div" => BinaryKind::Div,
+            other => {
+                return Err(Error::invalid(
+                    "binary",
+                    format!("unknown binary operation '{other}'; choose one of add, sub, mul, div"),
+                ))
+            }
+        })
+    }
+}
+
+/// Calls `$f(.., g)` with `g` the closure of `$kind`, matching once per call.
+macro_rules! with_binary_fn {
+    ($kind:expr, $f:path, ($($arg:expr),*)) => {
+        match $kind {
+            BinaryKind::Add => $f($($arg,)* |a, b| a + b),
+            BinaryKind::Sub => $f($($arg,)* |a, b| a - b),
+            BinaryKind::Mul => $f($($arg,)* |a, b| a * b),
+            BinaryKind::Div => $f($($arg,)* |a, b| a / b),
+        }
+    };
+}
+
+/// `a op b` for two tensors (broadcast), or `x op scalar` / `scalar op x`.
+#[derive(Debug, Clone, Copy)]
+pub struct Binary {
+    kind: BinaryKind,
+    scalar: Option<f64>,
+    scalar_first: bool,
+}
+
+impl Binary {
+    /// Two tensor inputs when `scalar` is `None`; otherwise one tensor input
+    /// and the scalar on the right (`x - 2`) or, with `scalar_first`, on the
+    /// left (`2 - x`).
+    pub fn new(kind: BinaryKind, scalar: Option<f64>, scalar_first: bool) -> Self {
+        Binary {
+            kind,
+            scalar,
+            scalar_first,
+        }
+    }
+
+    /// How many tensor inputs the node reads.
+    pub fn num_inputs(&self) -> usize {
+        if self.scalar.is_some() {
+            1
+        } else {
+            2
+        }
+    }
+
+    fn run<T: Element>(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let out = elements_mut::<T>(output)?;
+        match (inputs, self.scalar) {
+            ([x], Some(s)) => {
+                let s = T::from_f64(s).unwrap_or_else(T::nan);
+                let first = self.scalar_first;
+                with_binary_fn!(
+                    self.kind,
+                    binary::scalar,
+                    (elements::<T>(x)?, s, first, out)
+                )
+            }
+            ([a, b], None) if a.shape() == b.shape() => {
+                with_binary_fn!(
+                    self.kind,
+                    binary::same_shape,
+                    (elements::<T>(a)?, elements::<T>(b)?, out)
+                )
+            }
+            ([a, b], None) => with_binary_fn!(
+                self.kind,
+                binary::broadcast,
+                (
+                    elements::<T>(a)?,
+                    a.shape(),
+                    elements::<T>(b)?,
+                    b.shape(),
+                    out
+                )
+            ),
+            _ => return Err(self.arity_error(inputs.len())),
+        }
+        Ok(())
+    }
+
+    fn arity_error(&self, got: usize) -> Error {
+        Error::invalid(
+            self.kind.op_kind().name(),
+            format!(
+                "expected {} tensor input(s){}, got {got}",
+                self.num_inputs(),
+                if self.scalar.is_some() {
+                    " and a scalar"
+                } else {
+                    ""
+                }
+            ),
+        )
+    }
+}
+
+impl Operation for Binary {
+    fn kind(&self) -> OpKind {
+        self.kind.op_kind()
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        match (inputs, self.scalar) {
+            ([x], Some(_)) => Ok(x.to_vec()),
+            ([a, b], None) => broadcast_shape(a, b).ok_or_else(|| {
+                Error::shape(
+                    self.kind().name(),
+                    format!(
+                        "shapes {} and {} cannot be broadcast together",
+                        shape_str(a),
+                        shape_str(b)
+                    ),
+                )
+            }),
+            _ => Err(self.arity_error(inputs.len())),
+        }
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        with_dtype!(output.dtype(), T, self.run::<T>(inputs, output))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(op: &Binary, inputs: &[&Tensor]) -> Result<Tensor> {
+        let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
+        let mut out = Tensor::zeros(inputs[0].dtype(), &op.output_shape(&shapes)?);
+        op.forward(inputs, &mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn tensor_and_scalar_forms() {
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 4.0, 8.0], &[2, 2]).unwrap();
+        let y = Tensor::from_slice(&[10.0f32, 20.0], &[2, 1]).unwrap();
+        let sub = Binary::new(BinaryKind::Sub, None, false);
+        let out = run(&sub, &[&x, &y]).unwrap();
+        assert_eq!(out.as_slice::<f32>().unwrap(), &[-9.0, -8.0, -16.0, -12.0]);
+        let div = Binary::new(BinaryKind::Div, Some(2.0), true);
+        let out = run(&div, &[&x]).unwrap();
+        assert_eq!(out.as_slice::<f32>().unwrap(), &[2.0, 1.0, 0.5, 0.25]);
+        let mul = Binary::new(BinaryKind::Mul, None, false);
+        assert_eq!(
+            run(&mul, &[&x, &x]).unwrap().as_slice::<f32>().unwrap(),
+            &[1.0, 4.0, 16.0, 64.0]
+        );
+    }
+
+    #[test]
+    fn incompatible_shapes_name_both() {
+        let add = Binary::new(BinaryKind::Add, None, false);
+        let err = add.output_shape(&[&[2, 3], &[4]]).unwrap_err().to_string();
+        assert!(
+            err.contains("add") && err.contains("[2, 3]") && err.contains("[4]"),
+            "{err}"
+        );
+        assert!(add.output_shape(&[&[2, 3]]).is_err());
+    }
+}

@@ -1,0 +1,172 @@
+//! Reductions: softmax along one dimension and the mean over dimensions.
+
+use ai3_kernels::cpu::reduce;
+use ai3_kernels::params::AxisParams;
+
+use super::{check_not_empty, normalize_dim, single, with_dtype, Operation};
+use crate::error::{Error, Result};
+use crate::registry::{Algorithm, OpKind};
+use crate::tensor::{shape_str, Tensor};
+
+/// `torch.softmax(x, dim)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Softmax {
+    dim: i64,
+}
+
+impl Softmax {
+    /// Softmax along `dim` (negative counts from the end).
+    pub fn new(dim: i64) -> Self {
+        Softmax { dim }
+    }
+
+    fn params(&self, shape: &[usize]) -> Result<AxisParams> {
+        let op = OpKind::Softmax;
+        check_not_empty(op, shape)?;
+        // A 0-D tensor behaves as one of shape [1], as in PyTorch.
+        if shape.is_empty() {
+            normalize_dim(op, self.dim, 1, shape)?;
+            return Ok(AxisParams::new(&[1], 0));
+        }
+        Ok(AxisParams::new(
+            shape,
+            normalize_dim(op, self.dim, shape.len(), shape)?,
+        ))
+    }
+}
+
+impl Operation for Softmax {
+    fn kind(&self) -> OpKind {
+        OpKind::Softmax
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let x = single(OpKind::Softmax, inputs)?;
+        self.params(x)?;
+        Ok(x.to_vec())
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(OpKind::Softmax, inputs)?;
+        let p = self.params(x.shape())?;
+        with_dtype!(x.dtype(), T, {
+            reduce::softmax::<T>(&p, x.as_slice()?, output.as_mut_slice()?)
+        });
+        Ok(())
+    }
+}
+
+/// `x.mean(dims, keepdim)`; no dims means every dimension.
+#[derive(Debug, Clone)]
+pub struct Mean {
+    dims: Vec<i64>,
+    keepdim: bool,
+}
+
+impl Mean {
+    /// The mean over `dims` (negative counts from the end; empty = all).
+    pub fn new(dims: Vec<i64>, keepdim: bool) -> Self {
+        Mean { dims, keepdim }
+    }
+
+    /// Which dimensions of `shape` are reduced.
+    fn mask(&self, shape: &[usize]) -> Result<Vec<bool>> {
+        let op = OpKind::Mean;
+        check_not_empty(op, shape)?;
+        let rank = shape.len();
+        if self.dims.is_empty() {
+            return Ok(vec![true; rank]);
+        }
+        let mut mask = vec![false; rank];
+        for &d in &self.dims {
+            // A 0-D tensor accepts dim 0 or -1, as in PyTorch.
+            let k = normalize_dim(op, d, rank.max(1), shape)?;
+            if rank == 0 {
+                continue;
+            }
+            if std::mem::replace(&mut mask[k], true) {
+                return Err(Error::invalid(
+                    op.name(),
+                    format!(
+                        "dimension {d} appears more than once in dims {:?} for input of shape {}",
+                        self.dims,
+                        shape_str(shape)
+                    ),
+                ));
+            }
+        }
+        Ok(mask)
+    }
+}
+
+impl Operation for Mean {
+    fn kind(&self) -> OpKind {
+        OpKind::Mean
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let x = single(OpKind::Mean, inputs)?;
+        let mask = self.mask(x)?;
+        Ok(x.iter()
+            .zip(&mask)
+            .filter_map(|(&d, &r)| match (r, self.keepdim) {
+                (false, _) => Some(d),
+                (true, true) => Some(1),
+                (true, false) => None,
+            })
+            .collect())
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(OpKind::Mean, inputs)?;
+        let mask = self.mask(x.shape())?;
+        with_dtype!(x.dtype(), T, {
+            reduce::mean::<T>(x.shape(), &mask, x.as_slice()?, output.as_mut_slice()?)
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_shapes_and_errors() {
+        let m = Mean::new(vec![-1, 1], false);
+        assert_eq!(m.output_shape(&[&[2, 3, 4]]).unwrap(), vec![2]);
+        let m = Mean::new(vec![2, 3], true);
+        assert_eq!(m.output_shape(&[&[2, 3, 4, 5]]).unwrap(), vec![2, 3, 1, 1]);
+        assert_eq!(
+            Mean::new(vec![], false).output_shape(&[&[2, 3]]).unwrap(),
+            Vec::<usize>::new()
+        );
+        let err = Mean::new(vec![1, -1], false)
+            .output_shape(&[&[2, 3]])
+            .unwrap_err();
+        assert!(err.to_string().contains("more than once"), "{err}");
+        let err = Mean::new(vec![3], false)
+            .output_shape(&[&[2, 3]])
+            .unwrap_err();
+        assert!(err.to_string().contains("[2, 3]"), "{err}");
+    }
+
+    #[test]
+    fn softmax_runs() {
+        let x = Tensor::from_slice(&[0.0f64, 0.0, 1.0, 1.0], &[2, 2]).unwrap();
+        let mut out = Tensor::zeros(x.dtype(), &[2, 2]);
+        Softmax::new(0).forward(&[&x], &mut out).unwrap();
+        let e = 1.0 / (1.0 + 1f64.exp());
+        for (g, w) in out
+            .as_slice::<f64>()
+            .unwrap()
+            .iter()
+            .zip([e, e, 1.0 - e, 1.0 - e])
+        {
+            assert!((g - w).abs() < 1e-15, "{g} vs {w}");
+        }
+        assert!(Softmax::new(2).output_shape(&[&[2, 2]]).is_err());
+    }
+}

@@ -1,0 +1,148 @@
+//! Normalisation: eval-mode batch norm as a per-channel affine map, and layer norm.
+
+use rayon::prelude::*;
+
+use crate::Float;
+
+/// `output = input * scale[c] + shift[c]` for an input `[batch, channels,
+/// inner]` (batch norm with its statistics folded into `scale` and `shift`).
+pub fn scale_shift<T: Float>(
+    channels: usize,
+    inner: usize,
+    scale: &[T],
+    shift: &[T],
+    input: &[T],
+    output: &mut [T],
+) {
+    debug_assert_eq!(scale.len(), channels);
+    debug_assert_eq!(shift.len(), channels);
+    debug_assert_eq!(input.len(), output.len());
+    if output.is_empty() || inner == 0 {
+        return;
+    }
+    let plane = |(i, (o, x)): (usize, (&mut [T], &[T]))| {
+        let (a, b) = (scale[i % channels], shift[i % channels]);
+        o.iter_mut().zip(x).for_each(|(o, &x)| *o = x * a + b);
+    };
+    if inner >= 64 {
+        output
+            .par_chunks_mut(inner)
+            .zip(input.par_chunks(inner))
+            .enumerate()
+            .for_each(plane);
+    } else {
+        // Small planes ([N, C] input): one task per image.
+        let image = channels * inner;
+        output
+            .par_chunks_mut(image)
+            .zip(input.par_chunks(image))
+            .for_each(|(o, x)| {
+                o.chunks_mut(inner)
+                    .zip(x.chunks(inner))
+                    .enumerate()
+                    .for_each(plane)
+            });
+    }
+}
+
+/// Layer norm over the last `cols` elements of each of `rows` rows: `(x -
+/// mean) / sqrt(var + eps) * weight + bias`, with the biased variance.
+/// Statistics are accumulated in f64.
+pub fn layernorm<T: Float>(
+    cols: usize,
+    eps: f64,
+    weight: Option<&[T]>,
+    bias: Option<&[T]>,
+    input: &[T],
+    output: &mut [T],
+) {
+    debug_assert_eq!(input.len(), output.len());
+    debug_assert!(weight.is_none_or(|w| w.len() == cols));
+    debug_assert!(bias.is_none_or(|b| b.len() == cols));
+    if cols == 0 {
+        return;
+    }
+    let f = |v: T| v.to_f64().unwrap_or(f64::NAN);
+    let t = |v: f64| T::from_f64(v).unwrap_or_else(T::nan);
+    output
+        .par_chunks_mut(cols)
+        .zip(input.par_chunks(cols))
+        .for_each(|(o, x)| {
+            let mean = x.iter().map(|&v| f(v)).sum::<f64>() / cols as f64;
+            let var = x.iter().map(|&v| (f(v) - mean).powi(2)).sum::<f64>() / cols as f64;
+            let (mean, rstd) = (t(mean), t(1.0 / (var + eps).sqrt()));
+            for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
+                let mut y = (v - mean) * rstd;
+                if let Some(w) = weight {
+                    y *= w[j];
+                }
+                if let Some(b) = bias {
+                    y += b[j];
+                }
+                *o = y;
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::test_util::{assert_close, cast, Rng};
+
+    #[test]
+    fn scale_shift_matches_naive() {
+        let mut rng = Rng::new(21);
+        for (n, c, inner) in [(2, 3, 5), (4, 7, 1), (1, 2, 100), (3, 1, 64)] {
+            let x = rng.vec(n * c * inner);
+            let (a, b) = (rng.vec(c), rng.vec(c));
+            let want: Vec<f64> = (0..x.len())
+                .map(|i| x[i] * a[(i / inner) % c] + b[(i / inner) % c])
+                .collect();
+            let mut out = vec![f64::NAN; x.len()];
+            scale_shift(c, inner, &a, &b, &x, &mut out);
+            assert_close(&out, &want, 1e-14, "f64");
+            let mut out32 = vec![f32::NAN; x.len()];
+            scale_shift(c, inner, &cast(&a), &cast(&b), &cast(&x), &mut out32);
+            assert_close(&out32, &want, 1e-6, "f32");
+        }
+    }
+
+    #[test]
+    fn layernorm_matches_naive() {
+        let mut rng = Rng::new(22);
+        for (rows, cols) in [(1, 1), (3, 8), (5, 33), (2, 1000)] {
+            let x: Vec<f64> = rng.vec(rows * cols).iter().map(|v| 3.0 + v).collect();
+            let (w, b) = (rng.vec(cols), rng.vec(cols));
+            for affine in [false, true] {
+                let mut want = vec![0.0; x.len()];
+                for r in 0..rows {
+                    let row = &x[r * cols..(r + 1) * cols];
+                    let mean = row.iter().sum::<f64>() / cols as f64;
+                    let var =
+                        row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+                    for j in 0..cols {
+                        let y = (row[j] - mean) / (var + 1e-5).sqrt();
+                        want[r * cols + j] = if affine { y * w[j] + b[j] } else { y };
+                    }
+                }
+                let (wo, bo) = if affine {
+                    (Some(w.as_slice()), Some(b.as_slice()))
+                } else {
+                    (None, None)
+                };
+                let mut out = vec![f64::NAN; x.len()];
+                layernorm(cols, 1e-5, wo, bo, &x, &mut out);
+                assert_close(&out, &want, 1e-12, "f64");
+                let (w32, b32) = (cast::<f32>(&w), cast::<f32>(&b));
+                let (wo, bo) = if affine {
+                    (Some(w32.as_slice()), Some(b32.as_slice()))
+                } else {
+                    (None, None)
+                };
+                let mut out32 = vec![f32::NAN; x.len()];
+                layernorm(cols, 1e-5, wo, bo, &cast(&x), &mut out32);
+                assert_close(&out32, &want, 1e-5, "f32");
+            }
+        }
+    }
+}

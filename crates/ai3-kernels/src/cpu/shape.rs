@@ -1,0 +1,232 @@
+//! Data movement: concatenation, slicing along one axis, and permutation.
+//! Each writes a contiguous output; every output element is written.
+
+use rayon::prelude::*;
+
+use super::activation::{CHUNK, PARALLEL_MIN};
+use crate::Float;
+
+/// Concatenates along an axis. Each part is `[outer, chunk]`, where `chunk`
+/// is its size along the axis times the product of the dimensions after it;
+/// `output` is `[outer, sum of chunks]`.
+pub fn concat<T: Float>(outer: usize, parts: &[(&[T], usize)], output: &mut [T]) {
+    let row: usize = parts.iter().map(|&(_, c)| c).sum();
+    debug_assert_eq!(output.len(), outer * row);
+    debug_assert!(parts.iter().all(|&(p, c)| p.len() == outer * c));
+    if row == 0 {
+        return;
+    }
+    let fill = |o: usize, dst: &mut [T]| {
+        let mut at = 0;
+        for &(src, c) in parts {
+            dst[at..at + c].copy_from_slice(&src[o * c..(o + 1) * c]);
+            at += c;
+        }
+    };
+    if output.len() >= PARALLEL_MIN && outer > 1 {
+        output
+            .par_chunks_mut(row)
+            .enumerate()
+            .for_each(|(o, dst)| fill(o, dst));
+    } else {
+        output
+            .chunks_mut(row)
+            .enumerate()
+            .for_each(|(o, dst)| fill(o, dst));
+    }
+}
+
+/// Copies elements `[start, start + len)` of each of the `outer` rows of
+/// `row` elements of `input` into `output` (`[outer, len]`): one piece of a
+/// `chunk` or `split`, with `start` and `len` already multiplied by the
+/// product of the dimensions after the axis.
+pub fn narrow<T: Float>(
+    outer: usize,
+    row: usize,
+    start: usize,
+    len: usize,
+    input: &[T],
+    output: &mut [T],
+) {
+    debug_assert_eq!(input.len(), outer * row);
+    debug_assert_eq!(output.len(), outer * len);
+    debug_assert!(start + len <= row);
+    if len == 0 {
+        return;
+    }
+    let copy = |(o, dst): (usize, &mut [T])| {
+        dst.copy_from_slice(&input[o * row + start..][..len]);
+    };
+    if output.len() >= PARALLEL_MIN && outer > 1 {
+        output.par_chunks_mut(len).enumerate().for_each(copy);
+    } else {
+        output.chunks_mut(len).enumerate().for_each(copy);
+    }
+}
+
+/// Output shape (after dropping size-1 dimensions and merging dimensions
+/// that stay adjacent) and the input stride of each output dimension.
+fn collapse_permutation(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let mut in_strides = vec![1usize; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        in_strides[k] = in_strides[k + 1] * shape[k + 1];
+    }
+    let (mut dims, mut strides): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    for &p in perm {
+        let (d, s) = (shape[p], in_strides[p]);
+        if d == 1 {
+            continue;
+        }
+        match (dims.last_mut(), strides.last_mut()) {
+            (Some(ld), Some(ls)) if *ls == s * d => {
+                *ld *= d;
+                *ls = s;
+            }
+            _ => {
+                dims.push(d);
+                strides.push(s);
+            }
+        }
+    }
+    if dims.is_empty() {
+        return (vec![1], vec![1]);
+    }
+    (dims, strides)
+}
+
+/// `output = input.permute(perm).contiguous()` for a contiguous `input` of
+/// `shape`; `perm` is a permutation of `0..shape.len()`.
+pub fn permute<T: Float>(shape: &[usize], perm: &[usize], input: &[T], output: &mut [T]) {
+    debug_assert_eq!(shape.len(), perm.len());
+    debug_assert_eq!(input.len(), output.len());
+    if output.is_empty() {
+        return;
+    }
+    let (dims, strides) = collapse_permutation(shape, perm);
+    let rank = dims.len();
+    let (inner, step) = (dims[rank - 1], strides[rank - 1]);
+    let run = |r: usize, dst: &mut [T]| {
+        let (mut rest, mut off) = (r, 0);
+        for k in (0..rank - 1).rev() {
+            off += (rest % dims[k]) * strides[k];
+            rest /= dims[k];
+        }
+        if step == 1 {
+            dst.copy_from_slice(&input[off..off + inner]);
+        } else {
+            for (d, &s) in dst.iter_mut().zip(input[off..].iter().step_by(step)) {
+                *d = s;
+            }
+        }
+    };
+    if output.len() >= PARALLEL_MIN {
+        let rows_per_task = (CHUNK / inner).max(1);
+        output
+            .par_chunks_mut(rows_per_task * inner)
+            .enumerate()
+            .for_each(|(t, block)| {
+                for (i, dst) in block.chunks_mut(inner).enumerate() {
+                    run(t * rows_per_task + i, dst);
+                }
+            });
+    } else {
+        for (r, dst) in output.chunks_mut(inner).enumerate() {
+            run(r, dst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp(n: usize) -> Vec<f64> {
+        (0..n).map(|i| i as f64).collect()
+    }
+
+    #[test]
+    fn concat_matches_naive() {
+        // [2, 1, 3] and [2, 2, 3] along dim 1 -> [2, 3, 3].
+        let a = ramp(6);
+        let b: Vec<f64> = ramp(12).iter().map(|v| 100.0 + v).collect();
+        let mut out = vec![f64::NAN; 18];
+        concat(2, &[(&a, 3), (&b, 6)], &mut out);
+        let mut want = Vec::new();
+        for o in 0..2 {
+            want.extend_from_slice(&a[o * 3..o * 3 + 3]);
+            want.extend_from_slice(&b[o * 6..o * 6 + 6]);
+        }
+        assert_eq!(out, want);
+        // Large, parallel, with an empty part.
+        let n = PARALLEL_MIN;
+        let (a, b) = (ramp(4 * n), ramp(4 * n));
+        let mut out = vec![f64::NAN; 8 * n];
+        concat(4, &[(&a, n), (&[], 0), (&b, n)], &mut out);
+        for o in 0..4 {
+            assert_eq!(&out[2 * o * n..(2 * o + 1) * n], &a[o * n..(o + 1) * n]);
+            assert_eq!(
+                &out[(2 * o + 1) * n..(2 * o + 2) * n],
+                &b[o * n..(o + 1) * n]
+            );
+        }
+    }
+
+    #[test]
+    fn narrow_matches_naive() {
+        // [3, 5, 2] rows of 10, take dim-1 indices 1..4.
+        let x = ramp(30);
+        let mut out = vec![f64::NAN; 18];
+        narrow(3, 10, 2, 6, &x, &mut out);
+        let want: Vec<f64> = (0..3)
+            .flat_map(|o| {
+                (1..4).flat_map(move |j| (0..2).map(move |i| (o * 10 + j * 2 + i) as f64))
+            })
+            .collect();
+        assert_eq!(out, want);
+    }
+
+    /// Gathers the permuted tensor index by index.
+    fn naive_permute(shape: &[usize], perm: &[usize], x: &[f64]) -> Vec<f64> {
+        let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+        let n: usize = shape.iter().product();
+        (0..n)
+            .map(|flat| {
+                let mut rest = flat;
+                let mut idx = vec![0; shape.len()];
+                for k in (0..shape.len()).rev() {
+                    idx[k] = rest % out_shape[k];
+                    rest /= out_shape[k];
+                }
+                let mut in_idx = vec![0; shape.len()];
+                for (k, &p) in perm.iter().enumerate() {
+                    in_idx[p] = idx[k];
+                }
+                x[in_idx.iter().zip(shape).fold(0, |a, (&i, &d)| a * d + i)]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn permute_matches_naive() {
+        let cases: &[(&[usize], &[usize])] = &[
+            (&[2, 3], &[1, 0]),
+            (&[2, 3, 4], &[0, 2, 1]),
+            (&[2, 3, 4, 5], &[0, 2, 3, 1]),
+            (&[2, 3, 4, 5], &[3, 2, 1, 0]),
+            (&[2, 3, 4, 5], &[0, 1, 2, 3]),
+            (&[1, 3, 1, 5], &[2, 3, 0, 1]),
+            (&[4, 1, 6], &[1, 2, 0]),
+            (&[7], &[0]),
+            (&[], &[]),
+            (&[64, 48, 20], &[2, 0, 1]),
+            (&[3, 0, 2], &[2, 1, 0]),
+        ];
+        for &(shape, perm) in cases {
+            let x = ramp(shape.iter().product());
+            let want = naive_permute(shape, perm, &x);
+            let mut out = vec![f64::NAN; x.len()];
+            permute(shape, perm, &x, &mut out);
+            assert_eq!(out, want, "{shape:?} {perm:?}");
+        }
+    }
+}

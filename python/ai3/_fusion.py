@@ -1,0 +1,84 @@
+"""Convert-time rewrites: BatchNorm folded into the convolution before it, and
+activations fused into the convolution or linear layer that feeds them.
+
+Both only fire when the producer's value has no other reader, so the
+rewritten network computes the same function. The algorithm the user chose
+for the convolution is still the one that runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from ._lowering import Alias, Lowerer, Step
+
+#: Activations a convolution or linear layer can apply to its own output.
+FUSABLE = {
+    "relu",
+    "relu6",
+    "hardtanh",
+    "hardswish",
+    "hardsigmoid",
+    "silu",
+    "sigmoid",
+    "tanh",
+    "gelu",
+}
+
+
+def _readers(lw: Lowerer, steps: list[Step]) -> dict[torch.fx.Node, int]:
+    count: dict[torch.fx.Node, int] = defaultdict(int)
+    for s in steps:
+        for i in s.inputs:
+            count[lw.canonical(i)] += 1
+    for o in lw.outputs:
+        count[lw.canonical(o)] += 1
+    return count
+
+
+def _producer(lw: Lowerer, steps: list[Step], s: Step, ops: tuple[str, ...]) -> Step | None:
+    """The step producing ``s``'s single input, if it is one of ``ops`` and ``s`` is its only reader."""
+    if len(s.inputs) != 1:
+        return None
+    src = lw.canonical(s.inputs[0])
+    prod = next((p for p in steps if p.node is src), None)
+    if prod is None or prod.op not in ops or _readers(lw, steps)[src] != 1:
+        return None
+    return prod
+
+
+def _fold(conv: Step, bn: Step) -> None:
+    weight, bias = conv.args[1], conv.args[2]
+    gamma, beta, mean, var, eps = bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[5]
+    with torch.no_grad():
+        w = weight.detach().double()
+        scale = 1.0 / torch.sqrt(var.detach().double() + eps)
+        if gamma is not None:
+            scale = scale * gamma.detach().double()
+        b = torch.zeros_like(scale) if bias is None else bias.detach().double()
+        b = (b - mean.detach().double()) * scale
+        if beta is not None:
+            b = b + beta.detach().double()
+        conv.args[1] = (w * scale.view(-1, 1, 1, 1)).to(weight.dtype)
+        conv.args[2] = b.to(weight.dtype)
+
+
+def apply(lw: Lowerer) -> list[Step]:
+    """Folds and fuses in place; returns the steps that still run."""
+    steps = list(lw.steps)
+    for bn in [s for s in steps if s.op == "batchnorm2d"]:
+        conv = _producer(lw, steps, bn, ("conv2d",))
+        if conv is not None and "activation" not in conv.kwargs:
+            _fold(conv, bn)
+            lw.kind[bn.node] = Alias(conv.node)
+            steps.remove(bn)
+    for act in [s for s in steps if s.op in FUSABLE]:
+        prod = _producer(lw, steps, act, ("conv2d", "linear"))
+        if prod is not None and "activation" not in prod.kwargs:
+            kind, params = ("relu", []) if act.method == "relu" else (act.args[1], act.args[2])
+            prod.kwargs["activation"] = (kind, params)
+            lw.kind[act.node] = Alias(prod.node)
+            steps.remove(act)
+    return steps

@@ -1,0 +1,312 @@
+"""The operations real networks need, converted through ``torch.fx`` as
+modules, ``torch.*`` / ``F.*`` functions and tensor methods, each compared
+with PyTorch in float32 and float64."""
+
+from __future__ import annotations
+
+import ai3
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DTYPE_IDS, DTYPES, assert_close
+from torch import nn
+
+
+class Fn(nn.Module):
+    """Wraps a function of the input (fx traces through it)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def check(module: nn.Module, dtype: torch.dtype, *inputs: torch.Tensor, algos=None) -> ai3.Model:
+    module = module.to(dtype).eval()
+    inputs = tuple(x.to(dtype) for x in inputs)
+    with torch.no_grad():
+        expected = module(*inputs)
+    model = ai3.convert(module, algos, dtype=dtype)
+    assert_close(model(*inputs), expected, dtype)
+    return model
+
+
+ACTIVATIONS = [
+    nn.ReLU6(),
+    nn.Hardtanh(-2.0, 3.0),
+    nn.Hardswish(),
+    nn.Hardsigmoid(),
+    nn.SiLU(),
+    nn.Sigmoid(),
+    nn.Tanh(),
+    nn.GELU(),
+    nn.GELU(approximate="tanh"),
+    nn.Softmax(dim=1),
+    nn.Softmax(dim=-1),
+    Fn(F.relu6),
+    Fn(lambda x: F.hardtanh(x, -0.5, 0.5)),
+    Fn(F.hardswish),
+    Fn(F.hardsigmoid),
+    Fn(F.silu),
+    Fn(torch.sigmoid),
+    Fn(torch.tanh),
+    Fn(lambda x: F.gelu(x, approximate="tanh")),
+    Fn(lambda x: F.softmax(x, dim=0)),
+    Fn(lambda x: x.sigmoid()),
+    Fn(lambda x: x.tanh()),
+    Fn(lambda x: x.softmax(-2)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda m: repr(m)[:40])
+def test_activations(act, dtype):
+    x = torch.randn(2, 3, 5, 4) * 4
+    check(nn.Sequential(act), dtype, x)
+
+
+BINARY = [
+    ("same shape", lambda x, y: x + y, (2, 3, 4, 5), (2, 3, 4, 5)),
+    ("squeeze-excitation", lambda x, y: x * y, (2, 3, 4, 5), (2, 3, 1, 1)),
+    ("channel bias", lambda x, y: x - y, (2, 3, 4, 5), (3, 1, 1)),
+    ("ranks differ", lambda x, y: torch.mul(x, y), (5,), (2, 3, 5)),
+    ("both broadcast", lambda x, y: torch.div(x, y), (2, 1, 5), (1, 4, 1)),
+    ("torch.add", lambda x, y: torch.add(x, y), (3, 4), (3, 4)),
+    ("sub", lambda x, y: torch.sub(y, x), (3, 4), (1, 4)),
+]
+
+
+class Two(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, y):
+        return self.fn(x, y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", BINARY, ids=[c[0] for c in BINARY])
+def test_binary_broadcasting(case, dtype):
+    _, fn, sa, sb = case
+    x, y = torch.randn(sa), torch.rand(sb) + 0.5
+    check(Two(fn), dtype, x, y)
+
+
+SCALAR = [
+    lambda x: x + 2,
+    lambda x: 2 + x,
+    lambda x: x - 1.5,
+    lambda x: 1.5 - x,
+    lambda x: x * 3,
+    lambda x: x / 4,
+    lambda x: 4 / (x.sigmoid() + 1),
+    lambda x: x.add(1),
+    lambda x: x.mul(0.5),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("k", range(len(SCALAR)))
+def test_binary_with_scalars(k, dtype):
+    check(Fn(SCALAR[k]), dtype, torch.randn(2, 3, 4))
+
+
+class Cat(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return torch.cat([x, x.relu(), x * 2], self.dim)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_cat(dim, dtype):
+    check(Cat(dim), dtype, torch.randn(2, 3, 4, 5))
+
+
+def _random_bn(c: int, affine: bool = True) -> nn.BatchNorm2d:
+    bn = nn.BatchNorm2d(c, affine=affine)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        if affine:
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-1, 1)
+    return bn
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("affine", [True, False])
+def test_batchnorm_standalone(affine, dtype):
+    net = nn.Sequential(nn.ReLU(), _random_bn(4, affine))
+    model = check(net, dtype, torch.randn(2, 4, 5, 5))
+    assert "batchnorm2d" in [r["op"] for r in model.summary((2, 4, 5, 5))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.ReLU6(), nn.SiLU(), nn.Hardswish(), nn.GELU()])
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd"])
+def test_conv_bn_activation_fused(act, algo, dtype):
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), _random_bn(6), act)
+    model = check(net, dtype, torch.randn(2, 3, 7, 6), algos={"conv2d": algo})
+    rows = model.summary((2, 3, 7, 6))
+    assert [r["op"] for r in rows] == ["conv2d"], rows
+    assert rows[0]["algorithm"] == algo
+
+
+class SharedConvOutput(nn.Module):
+    """The conv output feeds the BatchNorm and the residual add: no folding allowed."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.bn = _random_bn(3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return F.relu(self.bn(y)) + y
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_no_folding_when_conv_output_is_shared(dtype):
+    model = check(SharedConvOutput(), dtype, torch.randn(1, 3, 6, 6))
+    assert "batchnorm2d" in [r["op"] for r in model.summary((1, 3, 6, 6))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_linear_relu_fused_over_leading_dims(dtype):
+    net = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    check(net, dtype, torch.randn(2, 4, 5))
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """ConvNeXt's channel LayerNorm (fx traces its permutes and F.layer_norm)."""
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize(
+    "norm",
+    [
+        nn.LayerNorm(5),
+        nn.LayerNorm([4, 5]),
+        nn.LayerNorm(5, elementwise_affine=False),
+        LayerNorm2d(3),
+    ],
+    ids=["last", "last2", "no-affine", "channels"],
+)
+def test_layernorm(norm, dtype):
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.uniform_(-1, 1)
+    check(nn.Sequential(norm), dtype, torch.randn(2, 3, 4, 5) * 3 + 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("size", [1, 3, (2, 5), (None, 2), (4, None)])
+def test_adaptive_max_pool(size, dtype):
+    check(nn.Sequential(nn.AdaptiveMaxPool2d(size)), dtype, torch.randn(2, 3, 7, 9))
+    check(Fn(lambda x: F.adaptive_max_pool2d(x, 2)), dtype, torch.randn(3, 5, 6))
+
+
+MEANS = [
+    lambda x: x.mean([2, 3]),
+    lambda x: x.mean((2, 3), keepdim=True),
+    lambda x: torch.mean(x, dim=-1),
+    lambda x: torch.mean(x, 1, True),
+    lambda x: x.mean(),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("k", range(len(MEANS)))
+def test_mean(k, dtype):
+    check(Fn(MEANS[k]), dtype, torch.randn(2, 3, 4, 5))
+
+
+SHAPES = [
+    lambda x: x.permute(0, 2, 3, 1),
+    lambda x: torch.permute(x, (3, 1, 0, 2)),
+    lambda x: x.transpose(1, 2),
+    lambda x: torch.transpose(x, -1, 0),
+    lambda x: x.view(x.size(0), -1),
+    lambda x: x.reshape(2, 3, -1),
+    lambda x: torch.reshape(x, (-1,)),
+    lambda x: x.view(x.shape[0], x.shape[1] // 3, 3, -1),
+    lambda x: x.contiguous().flatten(1),
+    lambda x: x.chunk(2, dim=3)[1],
+    lambda x: torch.chunk(x, 3, 1)[2],
+    lambda x: x.split(2, dim=2)[1],
+    lambda x: torch.split(x, [1, 4], 3)[1] * 2,
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("k", range(len(SHAPES)))
+def test_shape_operations(k, dtype):
+    check(Fn(SHAPES[k]), dtype, torch.randn(2, 3, 4, 5))
+
+
+def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
+    batchsize, num_channels, height, width = x.size()
+    channels_per_group = num_channels // groups
+    x = x.view(batchsize, groups, channels_per_group, height, width)
+    x = torch.transpose(x, 1, 2).contiguous()
+    return x.view(batchsize, -1, height, width)
+
+
+class ShuffleBlock(nn.Module):
+    def forward(self, x):
+        x1, x2 = x.chunk(2, dim=1)
+        return channel_shuffle(torch.cat((x1, x2.relu()), dim=1), 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_shufflenet_channel_shuffle_follows_the_batch_size(dtype):
+    model = ai3.convert(ShuffleBlock(), dtype=dtype)
+    for shape in [(1, 4, 3, 3), (3, 4, 5, 2)]:  # sizes are read at run time
+        x = torch.randn(shape, dtype=dtype)
+        assert_close(model(x), ShuffleBlock()(x), dtype)
+
+
+class LayerScale(nn.Module):
+    """A parameter used as a tensor operand (ConvNeXt's layer scale)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(3, 1, 1) + 0.5)
+
+    def forward(self, x):
+        return self.scale * x + x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_parameter_as_operand(dtype):
+    check(LayerScale(), dtype, torch.randn(2, 3, 4, 4))
+
+
+def test_unsupported_still_lists_every_node():
+    class Bad(nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x, 1) + torch.sort(x)[0] + x[:, 0:1]
+
+    with pytest.raises(ai3.UnsupportedOperationError) as info:
+        ai3.convert(Bad())
+    names = [n for n, _ in info.value.nodes]
+    assert len(names) == 3, info.value.nodes
+
+
+def test_broadcast_mismatch_is_a_shape_error():
+    model = ai3.convert(Two(lambda x, y: x + y))
+    with pytest.raises(ai3.ShapeError) as info:
+        model(torch.randn(2, 3), torch.randn(4, 3))
+    assert "[2, 3]" in str(info.value) and "[4, 3]" in str(info.value)
