@@ -1,0 +1,90 @@
+//! Criterion benchmarks of the CPU kernels: each conv2d algorithm on the
+//! paper's shapes, the linear GEMM, and pooling.
+//!
+//! `cargo bench -p ai3-benches` (add a filter such as `conv2d/winograd` to run part).
+//! Kernel times only; `benches/compare_torch.py` compares with PyTorch.
+
+use ai3_benches::{conv3x3, values, PAPER_CONV_SHAPES};
+use ai3_kernels::cpu::conv2d::{direct, gemm, smm, winograd};
+use ai3_kernels::cpu::{linear, pool};
+use ai3_kernels::params::{LinearParams, Pool2dParams};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::time::Duration;
+
+fn conv(c: &mut Criterion) {
+    let mut group = c.benchmark_group("conv2d");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(5));
+    // Batch 1 keeps a full run short; the Python benchmark uses the paper's batch 10.
+    for &(cin, cout, size) in &PAPER_CONV_SHAPES {
+        let p = conv3x3(1, cin, cout, size);
+        let x = values(p.input_len(), 1);
+        let w = values(p.weight_len(), 2);
+        let b = values(cout, 3);
+        let wf = winograd::transform_filter(&p, &w);
+        let mut out = vec![0f32; p.output_len()];
+        let flops = 2 * p.output_len() * cin * 9;
+        group.throughput(Throughput::Elements(flops as u64));
+        let id = format!("{cin}x{cout}@{size}");
+        group.bench_function(BenchmarkId::new("gemm", &id), |bch| {
+            bch.iter(|| gemm::conv2d(&p, &x, &w, Some(&b), &mut out))
+        });
+        group.bench_function(BenchmarkId::new("winograd", &id), |bch| {
+            bch.iter(|| winograd::conv2d(&p, &x, &wf, Some(&b), &mut out))
+        });
+        group.bench_function(BenchmarkId::new("smm", &id), |bch| {
+            bch.iter(|| smm::conv2d(&p, &x, &w, Some(&b), &mut out))
+        });
+        group.bench_function(BenchmarkId::new("direct", &id), |bch| {
+            bch.iter(|| direct::conv2d(&p, &x, &w, Some(&b), &mut out))
+        });
+    }
+    group.finish();
+}
+
+fn gemm_linear(c: &mut Criterion) {
+    let p = LinearParams {
+        rows: 64,
+        in_features: 4096,
+        out_features: 4096,
+    };
+    let x = values(p.rows * p.in_features, 4);
+    let w = values(p.out_features * p.in_features, 5);
+    let b = values(p.out_features, 6);
+    let mut out = vec![0f32; p.rows * p.out_features];
+    let mut group = c.benchmark_group("linear");
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(
+        (2 * p.rows * p.in_features * p.out_features) as u64,
+    ));
+    group.bench_function("gemm/64x4096x4096", |bch| {
+        bch.iter(|| linear::gemm(&p, &x, &w, Some(&b), &mut out))
+    });
+    group.finish();
+}
+
+fn pools(c: &mut Criterion) {
+    let p = Pool2dParams {
+        batch: 10,
+        channels: 64,
+        in_h: 112,
+        in_w: 112,
+        kernel: (2, 2),
+        stride: (2, 2),
+        padding: (0, 0),
+        dilation: (1, 1),
+        ceil_mode: false,
+    };
+    let x = values(p.input_len(), 7);
+    let mut out = vec![0f32; p.output_len()];
+    let mut group = c.benchmark_group("pool");
+    group.sample_size(20);
+    group.bench_function("maxpool2d/10x64x112x112", |bch| {
+        bch.iter(|| pool::maxpool2d(&p, &x, &mut out))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, conv, gemm_linear, pools);
+criterion_main!(benches);

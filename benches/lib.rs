@@ -1,0 +1,38 @@
+//! Shared inputs for ai3's criterion benchmarks (see `kernels.rs`).
+
+use ai3_kernels::params::{Conv2dParams, Padding2d};
+
+/// The ai3 paper's four convolution shapes `(in_channels, out_channels, size)`:
+/// batch 10, 3x3 kernels, padding 1.
+pub const PAPER_CONV_SHAPES: [(usize, usize, usize); 4] =
+    [(3, 64, 224), (64, 128, 112), (256, 256, 28), (512, 512, 14)];
+
+/// Parameters of a 3x3, padding-1, stride-1 convolution.
+pub fn conv3x3(batch: usize, cin: usize, cout: usize, size: usize) -> Conv2dParams {
+    Conv2dParams {
+        batch,
+        in_channels: cin,
+        in_h: size,
+        in_w: size,
+        out_channels: cout,
+        kernel_h: 3,
+        kernel_w: 3,
+        stride: (1, 1),
+        padding: Padding2d::symmetric(1, 1),
+        dilation: (1, 1),
+        groups: 1,
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+pub fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
