@@ -158,7 +158,7 @@ impl Operation for Reshape {
         };
         match infer {
             Some(k) => {
-                if known == 0 || numel % known != 0 {
+                if known == 0 || !numel.is_multiple_of(known) {
                     return Err(mismatch());
                 }
                 out[k] = numel / known;

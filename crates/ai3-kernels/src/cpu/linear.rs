@@ -1,6 +1,6 @@
 //! Fully connected layer as one GEMM.
 
-use crate::cpu::matmul::{matmul, MatPtr};
+use crate::cpu::matmul::{matmul_strided, MatMut, MatPtr};
 use crate::params::LinearParams;
 use crate::Float;
 
@@ -29,31 +29,240 @@ pub fn gemm<T: Float>(
             row.copy_from_slice(b);
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        let b = bias.map(as_f32);
+        if let (Some(x), Some(w), Some(out)) = (as_f32(input), as_f32(weight), as_f32_mut(output)) {
+            if !matches!(b, Some(None)) {
+                nt_avx512::linear(p, x, w, b.flatten(), out);
+                return;
+            }
+        }
+    }
+    // Computed transposed, outputᵀ = weight @ inputᵀ: the big operand (the
+    // weight) is then read row-major, which the gemm crate packs several
+    // times faster than the column-major view of weightᵀ, and only the small
+    // input is read across strides.
     let lhs = MatPtr {
-        ptr: input.as_ptr(),
+        ptr: weight.as_ptr(),
         rs: p.in_features,
         cs: 1,
     };
-    // Element (k, j) of weightᵀ is weight[j * in_features + k].
+    // Element (k, r) of inputᵀ is input[r * in_features + k].
     let rhs = MatPtr {
-        ptr: weight.as_ptr(),
+        ptr: input.as_ptr(),
         rs: 1,
         cs: p.in_features,
     };
+    // Element (j, r) of outputᵀ is output[r * out_features + j].
+    let dst = MatMut {
+        ptr: output.as_mut_ptr(),
+        rs: 1,
+        cs: p.out_features,
+    };
     // SAFETY: the three buffers have the lengths asserted above and are distinct.
     unsafe {
-        matmul(
+        matmul_strided(
+            p.out_features,
             p.rows,
-            p.out_features,
             p.in_features,
-            output.as_mut_ptr(),
-            p.out_features,
+            dst,
             bias.is_some(),
             lhs,
             rhs,
             ::gemm::Parallelism::Rayon(0),
         )
     };
+}
+
+fn as_f32<T: Float>(v: &[T]) -> Option<&[f32]> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: T is f32.
+        Some(unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<f32>(), v.len()) })
+    } else {
+        None
+    }
+}
+
+fn as_f32_mut<T: Float>(v: &mut [T]) -> Option<&mut [f32]> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: T is f32.
+        Some(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<f32>(), v.len()) })
+    } else {
+        None
+    }
+}
+
+/// f32 linear layers with AVX-512: each output is the dot product of two
+/// contiguous rows (an input row and a weight row), so the weight is streamed
+/// once in its own layout, never packed or transposed.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // small fixed tiles, indexed on purpose
+mod nt_avx512 {
+    use std::arch::x86_64::*;
+
+    use rayon::prelude::*;
+
+    use crate::params::LinearParams;
+
+    /// Output features per parallel task.
+    const TASK_COLS: usize = 64;
+    /// Reduction length kept in L1/L2 per pass.
+    const KC: usize = 1024;
+
+    pub(super) fn linear(
+        p: &LinearParams,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+    ) {
+        let (rows, kf, nf) = (p.rows, p.in_features, p.out_features);
+        let out_ptr = crate::cpu::conv2d::SharedMut(out.as_mut_ptr());
+        let tasks = nf.div_ceil(TASK_COLS);
+        (0..tasks).into_par_iter().for_each(|t| {
+            let j0 = t * TASK_COLS;
+            let j1 = (j0 + TASK_COLS).min(nf);
+            // SAFETY: avx512f was detected by the caller; task t writes only
+            // columns j0..j1 of every output row; all indices are in bounds
+            // of the asserted lengths.
+            unsafe { block(rows, kf, nf, x, w, bias, out_ptr, j0, j1) };
+        });
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block(
+        rows: usize,
+        kf: usize,
+        nf: usize,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        out: crate::cpu::conv2d::SharedMut<f32>,
+        j0: usize,
+        j1: usize,
+    ) {
+        let out = out.0;
+        let mut k0 = 0;
+        while k0 < kf.max(1) {
+            let kc = KC.min(kf - k0);
+            let first = k0 == 0;
+            let mut j = j0;
+            while j < j1 {
+                let nj = 4.min(j1 - j);
+                let mut i = 0;
+                while i < rows {
+                    let ni = 4.min(rows - i);
+                    let mut acc = [[0.0f32; 4]; 4];
+                    if ni == 4 && nj == 4 {
+                        // SAFETY: rows i..i+4 and j..j+4 exist.
+                        acc = unsafe { tile4x4(x, w, kf, i, j, k0, kc) };
+                    } else {
+                        for a in 0..ni {
+                            for b in 0..nj {
+                                acc[a][b] = unsafe { dot(x, w, kf, i + a, j + b, k0, kc) };
+                            }
+                        }
+                    }
+                    for a in 0..ni {
+                        for b in 0..nj {
+                            // SAFETY: (i + a, j + b) is inside the output,
+                            // and column j + b belongs to this task.
+                            let o = unsafe { &mut *out.add((i + a) * nf + j + b) };
+                            *o = if first {
+                                acc[a][b] + bias.map_or(0.0, |bv| bv[j + b])
+                            } else {
+                                *o + acc[a][b]
+                            };
+                        }
+                    }
+                    i += 4;
+                }
+                j += 4;
+            }
+            k0 += kc;
+            if kf == 0 {
+                break;
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile4x4(
+        x: &[f32],
+        w: &[f32],
+        kf: usize,
+        i: usize,
+        j: usize,
+        k0: usize,
+        kc: usize,
+    ) -> [[f32; 4]; 4] {
+        let xp: [*const f32; 4] = std::array::from_fn(|a| x[(i + a) * kf + k0..].as_ptr());
+        let wp: [*const f32; 4] = std::array::from_fn(|b| w[(j + b) * kf + k0..].as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+        let mut k = 0;
+        while k + 16 <= kc {
+            // SAFETY: k + 16 <= kc, inside each row's k0..k0+kc range.
+            unsafe {
+                let xv: [__m512; 4] = std::array::from_fn(|a| _mm512_loadu_ps(xp[a].add(k)));
+                let wv: [__m512; 4] = std::array::from_fn(|b| _mm512_loadu_ps(wp[b].add(k)));
+                for a in 0..4 {
+                    for b in 0..4 {
+                        acc[a][b] = _mm512_fmadd_ps(xv[a], wv[b], acc[a][b]);
+                    }
+                }
+            }
+            k += 16;
+        }
+        let mut r = [[0.0f32; 4]; 4];
+        for a in 0..4 {
+            for b in 0..4 {
+                let mut s = _mm512_reduce_add_ps(acc[a][b]);
+                for kk in k..kc {
+                    // SAFETY: kk < kc.
+                    s += unsafe { *xp[a].add(kk) * *wp[b].add(kk) };
+                }
+                r[a][b] = s;
+            }
+        }
+        r
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot(
+        x: &[f32],
+        w: &[f32],
+        kf: usize,
+        i: usize,
+        j: usize,
+        k0: usize,
+        kc: usize,
+    ) -> f32 {
+        let xr = &x[i * kf + k0..][..kc];
+        let wr = &w[j * kf + k0..][..kc];
+        let mut acc = _mm512_setzero_ps();
+        let mut k = 0;
+        while k + 16 <= kc {
+            // SAFETY: k + 16 <= kc.
+            unsafe {
+                acc = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(xr.as_ptr().add(k)),
+                    _mm512_loadu_ps(wr.as_ptr().add(k)),
+                    acc,
+                );
+            }
+            k += 16;
+        }
+        let mut s = _mm512_reduce_add_ps(acc);
+        for kk in k..kc {
+            s += xr[kk] * wr[kk];
+        }
+        s
+    }
 }
 
 #[cfg(test)]

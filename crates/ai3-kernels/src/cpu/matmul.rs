@@ -32,6 +32,40 @@ pub(crate) unsafe fn matmul<T: Float>(
     rhs: MatPtr<T>,
     parallelism: Parallelism,
 ) {
+    let dst = MatMut {
+        ptr: dst,
+        rs: dst_rs,
+        cs: 1,
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { matmul_strided(m, n, k, dst, accumulate, lhs, rhs, parallelism) }
+}
+
+/// A mutable strided matrix view, like [`MatPtr`].
+#[derive(Clone, Copy)]
+pub(crate) struct MatMut<T> {
+    pub ptr: *mut T,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// [`matmul`] with any destination strides.
+///
+/// # Safety
+/// As for [`matmul`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matmul_strided<T: Float>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: MatMut<T>,
+    accumulate: bool,
+    lhs: MatPtr<T>,
+    rhs: MatPtr<T>,
+    parallelism: Parallelism,
+) {
+    let (dst_rs, dst_cs) = (dst.rs, dst.cs);
+    let dst = dst.ptr;
     if m == 0 || n == 0 {
         return;
     }
@@ -40,7 +74,10 @@ pub(crate) unsafe fn matmul<T: Float>(
         if !accumulate {
             for i in 0..m {
                 // SAFETY: the caller guarantees the m x n destination is in bounds.
-                unsafe { std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n) }.fill(T::zero());
+                for j in 0..n {
+                    // SAFETY: the caller guarantees the m x n destination is in bounds.
+                    unsafe { *dst.add(i * dst_rs + j * dst_cs) = T::zero() };
+                }
             }
         }
         return;
@@ -52,7 +89,7 @@ pub(crate) unsafe fn matmul<T: Float>(
             n,
             k,
             dst,
-            1,
+            dst_cs as isize,
             dst_rs as isize,
             accumulate,
             lhs.ptr,

@@ -8,10 +8,22 @@
 
 use rayon::prelude::*;
 
-use super::{for_each_image_group, valid_range, TaskBudget};
+use super::{for_each_image_group, valid_range, with_scratch, TaskBudget};
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::params::Conv2dParams;
 use crate::Float;
+
+/// Elements of the unrolled column block one GEMM call consumes (about 1 MiB
+/// of f32).
+const COL_BLOCK_ELEMENTS: usize = 1 << 18;
+
+/// Fewest columns per block, so deep layers (large `icg * kh * kw`) still give
+/// the GEMM a useful width.
+const MIN_COL_BLOCK: usize = 256;
+
+/// Most columns per block, so shallow layers (tiny `icg * kh * kw`, like an
+/// RGB input layer) keep the output block the GEMM updates in cache.
+const MAX_COL_BLOCK: usize = 2048;
 
 /// im2col + GEMM 2-D convolution (see the [module contract](super)).
 ///
@@ -40,17 +52,24 @@ pub fn conv2d<T: Float>(
     for_each_image_group(p, output, |n, g, out, budget| {
         let img = &input[(n * p.in_channels + g * icg) * plane_in..][..icg * plane_in];
         let w_g = &weight[g * ocg * k..][..ocg * k];
-        if let Some(b) = bias {
-            for (row, &bv) in out.chunks_mut(ohw).zip(&b[g * ocg..(g + 1) * ocg]) {
-                row.fill(bv);
+        let bias_g = bias.map(|b| &b[g * ocg..(g + 1) * ocg]);
+        // Starting from the bias and accumulating saves a pass over the
+        // output; done per column block, just before its GEMM, so that block
+        // of the output is still in cache when the GEMM reads it.
+        let fill_bias = |out: &mut [T], c0: usize, width: usize| {
+            if let Some(b) = bias_g {
+                for (row, &bv) in out.chunks_mut(ohw).zip(b) {
+                    row[c0..c0 + width].fill(bv);
+                }
             }
-        }
+        };
         let lhs = MatPtr {
             ptr: w_g.as_ptr(),
             rs: k,
             cs: 1,
         };
         if pointwise {
+            fill_bias(out, 0, ohw);
             let rhs = MatPtr {
                 ptr: img.as_ptr(),
                 rs: plane_in,
@@ -73,35 +92,45 @@ pub fn conv2d<T: Float>(
             };
             return;
         }
-        let block = (budget.workspace / k).clamp(1, ohw);
-        let mut col = vec![T::zero(); k * block];
-        let mut c0 = 0;
-        while c0 < ohw {
-            let width = block.min(ohw - c0);
-            let col = &mut col[..k * width];
-            im2col(p, img, c0, width, col, budget);
-            let rhs = MatPtr {
-                ptr: col.as_ptr(),
-                rs: width,
-                cs: 1,
-            };
-            // SAFETY: the destination is columns [c0, c0 + width) of the
-            // [ocg, ohw] block `out`; col is [k, width]; w_g is [ocg, k].
-            unsafe {
-                matmul(
-                    ocg,
-                    width,
-                    k,
-                    out.as_mut_ptr().add(c0),
-                    ohw,
-                    bias.is_some(),
-                    lhs,
-                    rhs,
-                    budget.gemm_parallelism(),
-                )
-            };
-            c0 += width;
-        }
+        // Column blocks small enough that the unrolled block is still in
+        // cache when the GEMM packs it, but wide enough for the GEMM to run
+        // at full speed.
+        let block = (COL_BLOCK_ELEMENTS / k)
+            .clamp(MIN_COL_BLOCK, MAX_COL_BLOCK)
+            .min(budget.workspace / k)
+            .clamp(1, ohw);
+        // Equal blocks: no narrow (slow) GEMM for a remainder.
+        let block = ohw.div_ceil(ohw.div_ceil(block));
+        with_scratch::<T, _>(k * block, |col| {
+            let mut c0 = 0;
+            while c0 < ohw {
+                let width = block.min(ohw - c0);
+                let col = &mut col[..k * width];
+                im2col(p, img, c0, width, col, budget);
+                fill_bias(out, c0, width);
+                let rhs = MatPtr {
+                    ptr: col.as_ptr(),
+                    rs: width,
+                    cs: 1,
+                };
+                // SAFETY: the destination is columns [c0, c0 + width) of the
+                // [ocg, ohw] block `out`; col is [k, width]; w_g is [ocg, k].
+                unsafe {
+                    matmul(
+                        ocg,
+                        width,
+                        k,
+                        out.as_mut_ptr().add(c0),
+                        ohw,
+                        bias.is_some(),
+                        lhs,
+                        rhs,
+                        budget.gemm_parallelism(),
+                    )
+                };
+                c0 += width;
+            }
+        });
     });
 }
 
@@ -145,9 +174,14 @@ fn im2col<T: Float>(
                 seg[..a - xs].fill(T::zero());
                 if a < b {
                     let ix0 = a * p.stride.1 + kx * p.dilation.1 - p.padding.left;
-                    let src = row[ix0..].iter().step_by(p.stride.1);
-                    for (d, &s) in seg[a - xs..b - xs].iter_mut().zip(src) {
-                        *d = s;
+                    let dst = &mut seg[a - xs..b - xs];
+                    if p.stride.1 == 1 {
+                        dst.copy_from_slice(&row[ix0..ix0 + (b - a)]);
+                    } else {
+                        let src = row[ix0..].iter().step_by(p.stride.1);
+                        for (d, &s) in dst.iter_mut().zip(src) {
+                            *d = s;
+                        }
                     }
                 }
                 seg[b - xs..].fill(T::zero());

@@ -1,0 +1,214 @@
+//! Direct convolution, register-blocked.
+//!
+//! The input is copied once into a zero-padded, column-phase-split buffer
+//! ([`Padded`]) so every tap becomes a unit-stride shifted read. The output is
+//! cut into blocks of `MR` output channels by `NV` slots (a slot is up to one
+//! vector of consecutive columns of one output row, of any image); a
+//! [microkernel](kernel) keeps the block's accumulators in registers while it
+//! reduces over input channels and kernel taps. Weights are repacked per call
+//! so the `MR` weights of a tap are adjacent.
+//!
+//! Parallel over (group, slot chunk, output-channel chunk); the channel chunk
+//! is sized so its packed weights stay in L2 while a slot group's input stays
+//! in L1 across the chunk's channel blocks.
+
+mod kernel;
+
+use rayon::prelude::*;
+
+use super::padded::{Padded, SendPtr};
+use crate::params::Conv2dParams;
+use crate::Float;
+use kernel::{Tile, NV_MAX};
+
+/// Bytes of packed weights one task keeps hot.
+const WEIGHT_CHUNK_BYTES: usize = 256 << 10;
+
+/// Direct 2-D convolution (see the [module contract](super)).
+///
+/// Supports stride, dilation, asymmetric zero padding and groups (including
+/// depthwise).
+pub fn conv2d<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) {
+    run(p, input, weight, bias, output, false);
+}
+
+/// [`conv2d`], optionally with the portable microkernel whatever the CPU.
+fn run<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+    portable: bool,
+) {
+    debug_assert_eq!(input.len(), p.input_len());
+    debug_assert_eq!(weight.len(), p.weight_len());
+    debug_assert_eq!(output.len(), p.output_len());
+    debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
+
+    let (oh, ow) = (p.out_h(), p.out_w());
+    let plane_out = oh * ow;
+    if output.is_empty() {
+        return;
+    }
+    let icg = p.in_channels_per_group();
+    let ocg = p.out_channels_per_group();
+    let ntaps = p.kernel_h * p.kernel_w;
+    let vl = kernel::vector_len::<T>();
+    let (mr, nv) = kernel::SHAPES
+        .into_iter()
+        .find(|&(mr, _)| ocg >= mr)
+        .unwrap_or(kernel::SHAPES[kernel::SHAPES.len() - 1]);
+    let tile = kernel::select::<T>(mr, nv, portable);
+
+    let pad = Padded::new(p, input);
+    let taps = pad.tap_offsets(p);
+
+    // Slots: (input offset within the group, output offset within the
+    // block's first channel, real columns).
+    let spr = ow.div_ceil(vl);
+    let mut slots = Vec::with_capacity(p.batch * oh * spr);
+    for n in 0..p.batch {
+        for y in 0..oh {
+            for x0 in (0..ow).step_by(vl) {
+                slots.push((
+                    n * pad.img_stride + pad.pixel_offset(p, y, x0),
+                    n * p.out_channels * plane_out + y * ow + x0,
+                    vl.min(ow - x0),
+                ));
+            }
+        }
+    }
+    let nsg = slots.len().div_ceil(nv);
+
+    // Packed weights [group][oc block][icg][taps][mr], padded with zeros, and
+    // the bias likewise [group][oc block][mr].
+    let nob = ocg.div_ceil(mr);
+    let wblock = icg * ntaps * mr;
+    let mut packed = vec![T::zero(); p.groups * nob * wblock];
+    let mut pbias = vec![T::zero(); p.groups * nob * mr];
+    packed
+        .par_chunks_mut(wblock)
+        .zip(pbias.par_chunks_mut(mr))
+        .enumerate()
+        .for_each(|(gb, (dst, db))| {
+            let (g, ob) = (gb / nob, gb % nob);
+            for m in 0..mr.min(ocg - ob * mr) {
+                let o = g * ocg + ob * mr + m;
+                let src = &weight[o * icg * ntaps..][..icg * ntaps];
+                for (k, &v) in src.iter().enumerate() {
+                    dst[k * mr + m] = v;
+                }
+                db[m] = bias.map_or(T::zero(), |b| b[o]);
+            }
+        });
+
+    // Tasks: (group, slot chunk, oc chunk).
+    let ob_chunk = (WEIGHT_CHUNK_BYTES / (wblock * std::mem::size_of::<T>()).max(1)).clamp(1, nob);
+    let n_obc = nob.div_ceil(ob_chunk);
+    let threads = rayon::current_num_threads();
+    let sg_chunk = (nsg * n_obc * p.groups / (16 * threads)).clamp(1, 64);
+    let n_sgc = nsg.div_ceil(sg_chunk);
+    let ntasks = p.groups * n_sgc * n_obc;
+
+    let out = SendPtr(output.as_mut_ptr());
+    let inp = SendPtr(pad.buf.as_ptr() as *mut T);
+    (0..ntasks).into_par_iter().for_each(|t| {
+        let (out, inp) = (&out, &inp);
+        let g = t / (n_sgc * n_obc);
+        let sgc = (t / n_obc) % n_sgc;
+        let obc = t % n_obc;
+        let in_g = g * icg * pad.chan_stride;
+        let out_g = g * ocg * plane_out;
+        let mut a = Tile {
+            inp: [std::ptr::null(); NV_MAX],
+            out: [std::ptr::null_mut(); NV_MAX],
+            len: [0; NV_MAX],
+            w: std::ptr::null(),
+            bias: std::ptr::null(),
+            icg,
+            chan_stride: pad.chan_stride,
+            taps: taps.as_ptr(),
+            ntaps,
+            oc_stride: plane_out,
+            mr_valid: 0,
+        };
+        let mut o_offs = [0usize; NV_MAX];
+        for sg in sgc * sg_chunk..((sgc + 1) * sg_chunk).min(nsg) {
+            // `v` indexes three arrays in lockstep.
+            #[allow(clippy::needless_range_loop)]
+            for v in 0..nv {
+                let s = sg * nv + v;
+                // A padding slot re-reads the group's first pixel and writes nothing.
+                let (i_off, o_off, len) = slots.get(s).copied().unwrap_or((0, 0, 0));
+                // SAFETY: offsets were computed inside the padded buffer and
+                // the output; reads past a row stay inside the buffer's slack.
+                a.inp[v] = unsafe { inp.0.add(in_g + i_off) };
+                o_offs[v] = out_g + o_off;
+                a.len[v] = len;
+            }
+            for ob in obc * ob_chunk..((obc + 1) * ob_chunk).min(nob) {
+                let gb = g * nob + ob;
+                a.w = packed[gb * wblock..].as_ptr();
+                a.bias = pbias[gb * mr..].as_ptr();
+                a.mr_valid = mr.min(ocg - ob * mr);
+                // SAFETY: block-relative output offsets (ob * mr channels on)
+                // are written by this task only.
+                unsafe {
+                    for (dst, &o_off) in a.out.iter_mut().zip(&o_offs).take(nv) {
+                        *dst = out.0.add(o_off + ob * mr * plane_out);
+                    }
+                    tile(&a);
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::test_util::check_conv_algorithm;
+
+    #[test]
+    fn direct_matches_reference() {
+        check_conv_algorithm("direct", super::conv2d::<f32>, super::conv2d::<f64>);
+    }
+
+    #[test]
+    fn direct_matches_reference_on_larger_shapes() {
+        crate::cpu::conv2d::padded::check_larger_shapes(
+            "direct",
+            super::conv2d::<f32>,
+            super::conv2d::<f64>,
+        );
+    }
+
+    fn portable<T: crate::Float>(
+        p: &crate::params::Conv2dParams,
+        i: &[T],
+        w: &[T],
+        b: Option<&[T]>,
+        o: &mut [T],
+    ) {
+        super::run(p, i, w, b, o, true);
+    }
+
+    #[test]
+    fn direct_portable_kernel_matches_reference() {
+        check_conv_algorithm("direct", portable::<f32>, portable::<f64>);
+        crate::cpu::conv2d::padded::check_larger_shapes("direct", portable::<f32>, portable::<f64>);
+    }
+
+    #[test]
+    fn direct_matches_reference_on_two_threads() {
+        crate::cpu::test_util::on_two_threads(|| {
+            check_conv_algorithm("direct", super::conv2d::<f32>, super::conv2d::<f64>)
+        });
+    }
+}

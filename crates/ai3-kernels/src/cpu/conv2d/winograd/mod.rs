@@ -1,0 +1,574 @@
+//! Winograd F(2x2, 3x3) convolution (Lavin & Gray, 2016).
+//!
+//! Every 2x2 output tile comes from a 4x4 input tile: `Y = Aᵀ [(G g Gᵀ) ⊙
+//! (Bᵀ d B)] A`. Summed over input channels, the elementwise product becomes,
+//! for each of the 16 transform positions, a GEMM `(ocg x icg) @ (icg x
+//! tiles)`, which is where the time goes. The filter transform `G g Gᵀ` is done
+//! once by [`transform_filter`] when a model is built.
+//!
+//! Tiles are processed in blocks of whole tile rows (taken across the images
+//! of the batch, so small images still give the GEMMs wide operands), one
+//! block per task; a block's transformed input is laid out `[16, icg, tiles]`
+//! and its products `[16, ocg, tiles]`, so the GEMMs see plain row-major
+//! matrices and the transforms run along contiguous rows of tiles.
+//!
+//! Only 3x3 kernels with stride 1 and dilation 1 qualify ([`check`]); any
+//! padding and any groups are fine.
+
+use rayon::prelude::*;
+
+use super::{with_scratch, SharedMut, WORKSPACE_ELEMENTS};
+use crate::cpu::matmul::{matmul, MatPtr};
+use crate::params::Conv2dParams;
+use crate::Float;
+
+mod transform;
+
+use transform::{deinterleave, filter_tile, input_row, output_row};
+
+/// Number of transform positions in a 4x4 tile.
+const POSITIONS: usize = 16;
+
+/// Tiles a block aims for: enough columns for the GEMMs to run at full speed
+/// while a block's transformed input and products stay near the L2 cache.
+const BLOCK_TILES: usize = 256;
+
+/// Whether Winograd F(2x2, 3x3) can run `p`; the error names the unmet constraint.
+///
+/// ```
+/// use ai3_kernels::cpu::conv2d::winograd;
+/// use ai3_kernels::params::{Conv2dParams, Padding2d};
+/// let p = Conv2dParams {
+///     batch: 1, in_channels: 1, in_h: 8, in_w: 8, out_channels: 1,
+///     kernel_h: 5, kernel_w: 5, stride: (1, 1), padding: Padding2d::default(),
+///     dilation: (1, 1), groups: 1,
+/// };
+/// assert_eq!(winograd::check(&p).unwrap_err(), "winograd needs a 3x3 kernel, got 5x5");
+/// ```
+pub fn check(p: &Conv2dParams) -> Result<(), String> {
+    if (p.kernel_h, p.kernel_w) != (3, 3) {
+        return Err(format!(
+            "winograd needs a 3x3 kernel, got {}x{}",
+            p.kernel_h, p.kernel_w
+        ));
+    }
+    if p.stride != (1, 1) {
+        return Err(format!("winograd needs stride 1, got {:?}", p.stride));
+    }
+    if p.dilation != (1, 1) {
+        return Err(format!("winograd needs dilation 1, got {:?}", p.dilation));
+    }
+    Ok(())
+}
+
+/// Length of the transformed filter [`transform_filter`] returns.
+pub fn transformed_filter_len(p: &Conv2dParams) -> usize {
+    POSITIONS * p.out_channels * p.in_channels_per_group()
+}
+
+/// Transforms a `[out_channels, in_channels / groups, 3, 3]` weight into
+/// `U = G g Gᵀ`, laid out `[groups, 16, ocg, icg]`: for each group and
+/// transform position a row-major `ocg x icg` matrix, the left-hand side of
+/// that position's GEMM.
+///
+/// Call it once when the model is built; `p` must pass [`check`].
+pub fn transform_filter<T: Float>(p: &Conv2dParams, weight: &[T]) -> Vec<T> {
+    debug_assert!(check(p).is_ok());
+    debug_assert_eq!(weight.len(), p.weight_len());
+    let icg = p.in_channels_per_group();
+    let ocg = p.out_channels_per_group();
+    let mut u = vec![T::zero(); transformed_filter_len(p)];
+    for o in 0..p.out_channels {
+        let (g, oo) = (o / ocg, o % ocg);
+        for c in 0..icg {
+            let taps = &weight[(o * icg + c) * 9..][..9];
+            let t = filter_tile(taps);
+            for (xi, &v) in t.iter().enumerate() {
+                u[((g * POSITIONS + xi) * ocg + oo) * icg + c] = v;
+            }
+        }
+    }
+    u
+}
+
+/// Distance in elements between consecutive transform positions' matrices:
+/// `len` rounded up to whole 4 KiB pages plus one cache line, so the 16
+/// streams the transforms read or write at once fall in different cache sets
+/// instead of all aliasing one.
+fn plane_stride<T>(len: usize) -> usize {
+    let page = 4096 / std::mem::size_of::<T>();
+    len.next_multiple_of(page) + 64 / std::mem::size_of::<T>()
+}
+
+/// How the tiles of one group are cut into blocks.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    tiles_w: usize,
+    tiles_h: usize,
+    /// Tile rows (over all images) per block.
+    rows_per_block: usize,
+    row_blocks: usize,
+    /// Tile columns per block: all of them unless one row is too wide.
+    cols_per_block: usize,
+    col_blocks: usize,
+}
+
+impl Plan {
+    fn new(p: &Conv2dParams, threads: usize) -> Self {
+        let tiles_w = p.out_w().div_ceil(2);
+        let tiles_h = p.out_h().div_ceil(2);
+        let rows = p.batch * tiles_h;
+        let per_tile = POSITIONS * (p.in_channels_per_group() + p.out_channels_per_group());
+        let target = BLOCK_TILES
+            .min(WORKSPACE_ELEMENTS / threads / per_tile)
+            .max(1);
+        let (mut rows_per_block, cols_per_block) = if tiles_w <= target {
+            ((target / tiles_w).max(1), tiles_w)
+        } else {
+            (1, tiles_w.div_ceil(tiles_w.div_ceil(target)))
+        };
+        let col_blocks = tiles_w.div_ceil(cols_per_block);
+        // Give every thread at least one block when the rows allow it.
+        let want = threads.div_ceil(p.groups * col_blocks);
+        if rows.div_ceil(rows_per_block) < want {
+            rows_per_block = rows.div_ceil(want).max(1);
+        }
+        Self {
+            tiles_w,
+            tiles_h,
+            rows_per_block,
+            row_blocks: rows.div_ceil(rows_per_block),
+            cols_per_block,
+            col_blocks,
+        }
+    }
+}
+
+/// Winograd F(2x2, 3x3) 2-D convolution with a weight from [`transform_filter`]
+/// (see the [module contract](super)); `p` must pass [`check`].
+///
+/// Tiles on the right and bottom edges that stick out of the output are
+/// computed on zero-extended input and clipped when written.
+pub fn conv2d<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    transformed_filter: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) {
+    debug_assert!(check(p).is_ok());
+    debug_assert_eq!(input.len(), p.input_len());
+    debug_assert_eq!(transformed_filter.len(), transformed_filter_len(p));
+    debug_assert_eq!(output.len(), p.output_len());
+    debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
+    if output.is_empty() {
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let plan = Plan::new(p, threads);
+    let blocks = plan.row_blocks * plan.col_blocks;
+    let tasks = p.groups * blocks;
+    let out = SharedMut(output.as_mut_ptr());
+    let parallel = threads > 1 && tasks >= threads;
+    let gemm_par = if !parallel && threads > 1 {
+        ::gemm::Parallelism::Rayon(0)
+    } else {
+        ::gemm::Parallelism::None
+    };
+    let run = |task: usize| {
+        let (g, b) = (task / blocks, task % blocks);
+        let (rb, cb) = (b / plan.col_blocks, b % plan.col_blocks);
+        let rows_total = p.batch * plan.tiles_h;
+        let r0 = rb * plan.rows_per_block;
+        let r1 = (r0 + plan.rows_per_block).min(rows_total);
+        let c0 = cb * plan.cols_per_block;
+        let c1 = (c0 + plan.cols_per_block).min(plan.tiles_w);
+        // SAFETY: blocks cover disjoint (group, tile row, tile column) ranges,
+        // so their output elements are disjoint.
+        unsafe {
+            block(
+                p,
+                &plan,
+                input,
+                transformed_filter,
+                bias,
+                g,
+                (r0, r1),
+                (c0, c1),
+                out,
+                gemm_par,
+            )
+        };
+    };
+    if parallel {
+        (0..tasks).into_par_iter().with_max_len(1).for_each(run);
+    } else {
+        (0..tasks).for_each(run);
+    }
+}
+
+/// Convolves group `g` over tile rows `rows` and tile columns `cols`.
+///
+/// # Safety
+/// `out` must point to the whole output, and no other thread may touch the
+/// output elements this block writes.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<T: Float>(
+    p: &Conv2dParams,
+    plan: &Plan,
+    input: &[T],
+    u: &[T],
+    bias: Option<&[T]>,
+    g: usize,
+    rows: (usize, usize),
+    cols: (usize, usize),
+    out: SharedMut<T>,
+    gemm_par: ::gemm::Parallelism,
+) {
+    let icg = p.in_channels_per_group();
+    let ocg = p.out_channels_per_group();
+    let tw = cols.1 - cols.0;
+    let nt = (rows.1 - rows.0) * tw;
+    let u_g = &u[g * POSITIONS * ocg * icg..][..POSITIONS * ocg * icg];
+    let v_stride = plane_stride::<T>(icg * nt);
+    let m_stride = plane_stride::<T>(ocg * nt);
+    let v_len = POSITIONS * v_stride;
+    let m_len = POSITIONS * m_stride;
+    let eo_len = 8 * (tw + 1);
+    with_scratch::<T, _>(v_len + m_len + eo_len, |buf| {
+        let (v, rest) = buf.split_at_mut(v_len);
+        let (m, eo) = rest.split_at_mut(m_len);
+        let (ebuf, obuf) = eo.split_at_mut(4 * (tw + 1));
+
+        input_transform(p, plan, input, g, rows, cols, v, ebuf, obuf);
+        for xi in 0..POSITIONS {
+            let lhs = MatPtr {
+                ptr: u_g[xi * ocg * icg..].as_ptr(),
+                rs: icg,
+                cs: 1,
+            };
+            let rhs = MatPtr {
+                ptr: v[xi * v_stride..].as_ptr(),
+                rs: nt,
+                cs: 1,
+            };
+            // SAFETY: u_g holds 16 ocg x icg matrices, v 16 icg x nt and m
+            // 16 ocg x nt; the three are distinct buffers.
+            unsafe {
+                matmul(
+                    ocg,
+                    nt,
+                    icg,
+                    m[xi * m_stride..].as_mut_ptr(),
+                    nt,
+                    false,
+                    lhs,
+                    rhs,
+                    gemm_par,
+                )
+            };
+        }
+
+        // SAFETY: forwarded from the caller.
+        unsafe { output_transform(p, plan, m, bias, g, rows, cols, out) };
+    });
+}
+
+/// Declares `$name`, which runs `$imp` compiled for AVX-512 or AVX2 when the
+/// CPU has them (detected at run time) and for the baseline otherwise, so the
+/// transform loops vectorise at the widest width available.
+macro_rules! multiversion {
+    ($(#[$doc:meta])* unsafe fn $name:ident<T>($($arg:ident: $ty:ty),* $(,)?) => $imp:ident) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name<T: Float>($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx512<T: Float>($($arg: $ty),*) {
+                    // SAFETY: forwarded.
+                    unsafe { $imp($($arg),*) }
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx2<T: Float>($($arg: $ty),*) {
+                    // SAFETY: forwarded.
+                    unsafe { $imp($($arg),*) }
+                }
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                {
+                    // SAFETY: the features were detected; the rest is forwarded.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: as above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            // SAFETY: forwarded.
+            unsafe { $imp($($arg),*) }
+        }
+    };
+}
+
+multiversion! {
+    /// Writes `Bᵀ d B` of the block's tiles into `v` (`[16, icg, tiles]`).
+    unsafe fn input_transform<T>(
+        p: &Conv2dParams,
+        plan: &Plan,
+        input: &[T],
+        g: usize,
+        rows: (usize, usize),
+        cols: (usize, usize),
+        v: &mut [T],
+        ebuf: &mut [T],
+        obuf: &mut [T],
+    ) => input_transform_impl
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn input_transform_impl<T: Float>(
+    p: &Conv2dParams,
+    plan: &Plan,
+    input: &[T],
+    g: usize,
+    rows: (usize, usize),
+    cols: (usize, usize),
+    v: &mut [T],
+    ebuf: &mut [T],
+    obuf: &mut [T],
+) {
+    let icg = p.in_channels_per_group();
+    let plane_in = p.in_h * p.in_w;
+    let tw = cols.1 - cols.0;
+    let nt = (rows.1 - rows.0) * tw;
+    // Input transform, one (channel, tile row) at a time.
+    let x_start = (2 * cols.0) as isize - p.padding.left as isize;
+    for c in 0..icg {
+        for (ri, r) in (rows.0..rows.1).enumerate() {
+            let (n, ty) = (r / plan.tiles_h, r % plan.tiles_h);
+            let plane = &input[(n * p.in_channels + g * icg + c) * plane_in..][..plane_in];
+            for (i, (e, o)) in ebuf
+                .chunks_exact_mut(tw + 1)
+                .zip(obuf.chunks_exact_mut(tw + 1))
+                .enumerate()
+            {
+                let y = (2 * ty + i) as isize - p.padding.top as isize;
+                let row = (y >= 0 && y < p.in_h as isize)
+                    .then(|| &plane[y as usize * p.in_w..][..p.in_w]);
+                deinterleave(row, x_start, e, o);
+            }
+            let mut dst = v
+                .chunks_exact_mut(v.len() / POSITIONS)
+                .map(|vx| &mut vx[c * nt + ri * tw..][..tw]);
+            let mut vs: [&mut [T]; POSITIONS] =
+                std::array::from_fn(|_| dst.next().expect("16 positions"));
+            let e: [&[T]; 4] = std::array::from_fn(|i| &ebuf[i * (tw + 1)..][..tw + 1]);
+            let o: [&[T]; 4] = std::array::from_fn(|i| &obuf[i * (tw + 1)..][..tw + 1]);
+            input_row(e, o, &mut vs, tw);
+        }
+    }
+}
+
+multiversion! {
+    /// Writes `Aᵀ m A` plus bias of the block's tiles (`m` is `[16, ocg,
+    /// tiles]`) into the output.
+    ///
+    /// # Safety
+    /// As for [`block`].
+    unsafe fn output_transform<T>(
+        p: &Conv2dParams,
+        plan: &Plan,
+        m: &[T],
+        bias: Option<&[T]>,
+        g: usize,
+        rows: (usize, usize),
+        cols: (usize, usize),
+        out: SharedMut<T>,
+    ) => output_transform_impl
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn output_transform_impl<T: Float>(
+    p: &Conv2dParams,
+    plan: &Plan,
+    m: &[T],
+    bias: Option<&[T]>,
+    g: usize,
+    rows: (usize, usize),
+    cols: (usize, usize),
+    out: SharedMut<T>,
+) {
+    let ocg = p.out_channels_per_group();
+    let (oh, ow) = (p.out_h(), p.out_w());
+    let tw = cols.1 - cols.0;
+    let nt = (rows.1 - rows.0) * tw;
+    let m_stride = m.len() / POSITIONS;
+    // Output transform, one (output channel, tile row) at a time.
+    let x0 = 2 * cols.0;
+    let width = (2 * cols.1).min(ow) - x0;
+    for oc in 0..ocg {
+        let b = bias.map_or(T::zero(), |b| b[g * ocg + oc]);
+        for (ri, r) in (rows.0..rows.1).enumerate() {
+            let (n, ty) = (r / plan.tiles_h, r % plan.tiles_h);
+            let plane = (n * p.out_channels + g * ocg + oc) * oh * ow;
+            let ms: [&[T]; POSITIONS] =
+                std::array::from_fn(|xi| &m[xi * m_stride + oc * nt + ri * tw..][..tw]);
+            let y = 2 * ty;
+            // SAFETY: rows y and y + 1 (when inside the output), columns
+            // x0 .. x0 + width of this plane belong to this block alone.
+            let row0 =
+                unsafe { std::slice::from_raw_parts_mut(out.0.add(plane + y * ow + x0), width) };
+            let row1 = (y + 1 < oh).then(|| unsafe {
+                std::slice::from_raw_parts_mut(out.0.add(plane + (y + 1) * ow + x0), width)
+            });
+            output_row(&ms, tw, b, row0, row1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::test_util::{assert_close, cast, reference_conv, Rng};
+    use crate::params::Padding2d;
+
+    fn params(
+        batch: usize,
+        ic: usize,
+        oc: usize,
+        groups: usize,
+        hw: (usize, usize),
+        padding: Padding2d,
+    ) -> Conv2dParams {
+        Conv2dParams {
+            batch,
+            in_channels: ic,
+            in_h: hw.0,
+            in_w: hw.1,
+            out_channels: oc,
+            kernel_h: 3,
+            kernel_w: 3,
+            stride: (1, 1),
+            padding,
+            dilation: (1, 1),
+            groups,
+        }
+    }
+
+    #[test]
+    fn winograd_matches_reference() {
+        check_grid();
+    }
+
+    #[test]
+    fn winograd_matches_reference_on_two_threads() {
+        crate::cpu::test_util::on_two_threads(check_grid);
+    }
+
+    fn check_grid() {
+        let mut rng = Rng::new(11);
+        let paddings = [
+            Padding2d::default(),
+            Padding2d::symmetric(1, 1),
+            Padding2d {
+                top: 2,
+                bottom: 0,
+                left: 1,
+                right: 3,
+            },
+        ];
+        // Odd and even output sizes, so partial edge tiles are covered.
+        let sizes = [(3, 3), (5, 4), (7, 9), (8, 11), (10, 6)];
+        let channels = [(3, 4, 1), (4, 6, 2), (4, 4, 4), (1, 1, 1)];
+        for &padding in &paddings {
+            for &hw in &sizes {
+                for &(ic, oc, groups) in &channels {
+                    for batch in [1, 3] {
+                        let p = params(batch, ic, oc, groups, hw, padding);
+                        assert!(check(&p).is_ok());
+                        let input = rng.vec(p.input_len());
+                        let weight = rng.vec(p.weight_len());
+                        let bias_v = rng.vec(p.out_channels);
+                        for bias in [None, Some(bias_v.as_slice())] {
+                            let want = reference_conv(&p, &input, &weight, bias);
+                            let what = format!("winograd {p:?} bias={}", bias.is_some());
+
+                            let u = transform_filter(&p, &weight);
+                            let mut out = vec![f64::NAN; p.output_len()];
+                            conv2d(&p, &input, &u, bias, &mut out);
+                            assert_close(&out, &want, 1e-10, &what);
+
+                            let u32 = transform_filter(&p, &cast::<f32>(&weight));
+                            let b32 = bias.map(cast::<f32>);
+                            let mut out32 = vec![f32::NAN; p.output_len()];
+                            conv2d(&p, &cast::<f32>(&input), &u32, b32.as_deref(), &mut out32);
+                            assert_close(&out32, &want, 1e-4, &what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn winograd_blocks_large_images() {
+        // 500 x 301 tiles exceed the workspace bound's tile block for these
+        // channels, so several blocks (the last one partial) are exercised.
+        let p = params(1, 2, 3, 1, (1000, 601), Padding2d::symmetric(1, 1));
+        let mut rng = Rng::new(5);
+        let input = rng.vec(p.input_len());
+        let weight = rng.vec(p.weight_len());
+        let want = reference_conv(&p, &input, &weight, None);
+        let u = transform_filter(&p, &cast::<f32>(&weight));
+        let mut out = vec![f32::NAN; p.output_len()];
+        conv2d(&p, &cast::<f32>(&input), &u, None, &mut out);
+        assert_close(&out, &want, 1e-4, "winograd blocked");
+    }
+
+    #[test]
+    fn check_names_the_unmet_constraint() {
+        let ok = params(1, 2, 2, 1, (6, 6), Padding2d::default());
+        assert_eq!(check(&ok), Ok(()));
+        let k = Conv2dParams {
+            kernel_h: 5,
+            kernel_w: 5,
+            ..ok
+        };
+        assert_eq!(
+            check(&k),
+            Err("winograd needs a 3x3 kernel, got 5x5".to_string())
+        );
+        let k = Conv2dParams {
+            kernel_h: 3,
+            kernel_w: 1,
+            ..ok
+        };
+        assert_eq!(
+            check(&k),
+            Err("winograd needs a 3x3 kernel, got 3x1".to_string())
+        );
+        let s = Conv2dParams {
+            stride: (2, 1),
+            ..ok
+        };
+        assert_eq!(
+            check(&s),
+            Err("winograd needs stride 1, got (2, 1)".to_string())
+        );
+        let d = Conv2dParams {
+            dilation: (2, 2),
+            ..ok
+        };
+        assert_eq!(
+            check(&d),
+            Err("winograd needs dilation 1, got (2, 2)".to_string())
+        );
+    }
+}
