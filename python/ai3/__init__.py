@@ -47,6 +47,7 @@ from .swap import (
     swap_operation,
     swap_relu,
 )
+from .threads import get_num_threads, set_num_threads
 
 try:
     __version__ = version("aithree")
@@ -70,6 +71,8 @@ __all__ = [
     "UnsupportedOperationError",
     "__version__",
     "algorithm_table",
+    "get_num_threads",
+    "set_num_threads",
     "convert",
     "swap_adaptiveavgpool2d",
     "swap_avgpool2d",

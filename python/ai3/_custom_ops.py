@@ -11,7 +11,7 @@ from typing import List, Optional  # torch.library's schema inference needs thes
 
 import torch
 
-from . import _core
+from . import _core, threads
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
@@ -26,6 +26,7 @@ def _run(op: str, x: torch.Tensor, build) -> torch.Tensor:
             f"{op}: input of shape {list(x.shape)} has unsupported dtype {x.dtype}; "
             "ai3 computes in float32 and float64"
         )
+    threads.sync()
     model = _core.Model(name, 1, copy_weights=False)
     model.set_outputs([build(model)])
     return torch.from_dlpack(model.run([x.detach()])[0])

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from . import _core
+from . import _core, threads
 from .errors import DeviceError
 
 __all__ = ["Model"]
@@ -60,6 +60,7 @@ class Model:
     def predict(self, *inputs: Any, out_type: Any = None) -> Any:
         """Runs the network. ``out_type`` may be ``torch.Tensor`` (the default) or
         ``numpy.ndarray``; outputs are returned without a copy."""
+        threads.sync()
         capsules = self._core.run([_prepare_input(x) for x in inputs])
         outs = [torch.from_dlpack(c) for c in capsules]
         if out_type is not None and out_type is not torch.Tensor:

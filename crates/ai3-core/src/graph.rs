@@ -389,7 +389,7 @@ impl Graph {
         let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
         let plan = self.plan_for(&input_shapes)?;
         let mut arena = self.take_arena(plan.arena_bytes);
-        let result = self.execute(&plan, &inputs, &mut arena);
+        let result = crate::threads::install(|| self.execute(&plan, &inputs, &mut arena));
         self.return_arena(arena);
         result
     }

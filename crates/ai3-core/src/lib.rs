@@ -9,6 +9,7 @@ pub mod ops;
 pub mod plan;
 pub mod registry;
 pub mod tensor;
+pub mod threads;
 
 pub use ai3_kernels::params;
 pub use dtype::{DType, Device, Element};

@@ -54,6 +54,18 @@ fn check_algorithm(op: &str, algorithm: &str) -> PyResult<()> {
 ///
 /// Returns `(address seen on import, capsule of the copy, address of the copy)`,
 /// so tests can check that neither direction of the crossing copies.
+/// Sets how many threads ai3's kernels use (a new pool; running calls keep theirs).
+#[pyfunction]
+fn set_num_threads(n: usize) -> PyResult<()> {
+    ai3_core::threads::set_num_threads(n).map_err(to_py)
+}
+
+/// How many threads ai3's kernels use.
+#[pyfunction]
+fn get_num_threads() -> usize {
+    ai3_core::threads::num_threads()
+}
+
 #[pyfunction]
 fn dlpack_roundtrip<'py>(
     py: Python<'py>,
@@ -74,5 +86,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(selectable, m)?)?;
     m.add_function(wrap_pyfunction!(check_algorithm, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_roundtrip, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     Ok(())
 }
