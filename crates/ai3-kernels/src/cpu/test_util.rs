@@ -192,3 +192,48 @@ pub fn on_two_threads(f: impl FnOnce() + Send) {
         .expect("a two-thread pool")
         .install(f);
 }
+
+/// The standard tests of a blocked conv2d kernel with a portable fallback:
+/// the reference grid, larger shapes, the portable path, and two threads.
+/// `$module` must expose `conv2d` and `run(p, i, w, b, o, force_portable)`.
+macro_rules! blocked_conv_tests {
+    ($name:literal, $module:path) => {
+        use $crate::cpu::conv2d::padded::check_larger_shapes;
+        use $crate::cpu::test_util::{check_conv_algorithm, on_two_threads};
+        use $module as kernel;
+
+        fn portable<T: $crate::Float>(
+            p: &$crate::params::Conv2dParams,
+            i: &[T],
+            w: &[T],
+            b: Option<&[T]>,
+            o: &mut [T],
+        ) {
+            kernel::run(p, i, w, b, o, true);
+        }
+
+        #[test]
+        fn matches_reference() {
+            check_conv_algorithm($name, kernel::conv2d::<f32>, kernel::conv2d::<f64>);
+        }
+
+        #[test]
+        fn matches_reference_on_larger_shapes() {
+            check_larger_shapes($name, kernel::conv2d::<f32>, kernel::conv2d::<f64>);
+        }
+
+        #[test]
+        fn portable_kernel_matches_reference() {
+            check_conv_algorithm($name, portable::<f32>, portable::<f64>);
+            check_larger_shapes($name, portable::<f32>, portable::<f64>);
+        }
+
+        #[test]
+        fn matches_reference_on_two_threads() {
+            on_two_threads(|| {
+                check_conv_algorithm($name, kernel::conv2d::<f32>, kernel::conv2d::<f64>)
+            });
+        }
+    };
+}
+pub(crate) use blocked_conv_tests;

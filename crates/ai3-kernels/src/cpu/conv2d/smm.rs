@@ -317,42 +317,5 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use crate::cpu::test_util::check_conv_algorithm;
-
-    #[test]
-    fn smm_matches_reference() {
-        check_conv_algorithm("smm", super::conv2d::<f32>, super::conv2d::<f64>);
-    }
-
-    #[test]
-    fn smm_matches_reference_on_larger_shapes() {
-        crate::cpu::conv2d::padded::check_larger_shapes(
-            "smm",
-            super::conv2d::<f32>,
-            super::conv2d::<f64>,
-        );
-    }
-
-    fn portable<T: crate::Float>(
-        p: &crate::params::Conv2dParams,
-        i: &[T],
-        w: &[T],
-        b: Option<&[T]>,
-        o: &mut [T],
-    ) {
-        super::run(p, i, w, b, o, true);
-    }
-
-    #[test]
-    fn smm_portable_kernel_matches_reference() {
-        check_conv_algorithm("smm", portable::<f32>, portable::<f64>);
-        crate::cpu::conv2d::padded::check_larger_shapes("smm", portable::<f32>, portable::<f64>);
-    }
-
-    #[test]
-    fn smm_matches_reference_on_two_threads() {
-        crate::cpu::test_util::on_two_threads(|| {
-            check_conv_algorithm("smm", super::conv2d::<f32>, super::conv2d::<f64>)
-        });
-    }
+    crate::cpu::test_util::blocked_conv_tests!("smm", crate::cpu::conv2d::smm);
 }
