@@ -26,7 +26,7 @@ from torch import nn
 
 #: The paper's evaluation shapes: batch 10, 3x3 kernels, padding 1.
 CONV_SHAPES = [(3, 64, 224), (64, 128, 112), (256, 256, 28), (512, 512, 14)]
-CONV_ALGOS = ["direct", "smm", "gemm", "winograd", "default"]
+CONV_ALGOS = ["direct", "smm", "gemm", "winograd", "fft", "default"]
 MODELS = ["alexnet", "vgg16", "resnet50", "densenet121", "squeezenet1_1", "googlenet"]
 
 

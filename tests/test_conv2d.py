@@ -17,7 +17,7 @@ from ai3 import swap
 from conftest import DTYPE_IDS, DTYPES, assert_close
 from torch import nn
 
-ALGOS = ["direct", "smm", "gemm", "winograd", "default"]
+ALGOS = ["direct", "smm", "gemm", "winograd", "fft", "default"]
 
 BASE = dict(
     in_c=4,
@@ -207,7 +207,7 @@ def test_conv2d_larger_problem(algo):
     assert_close(ai3.convert(nn.Sequential(conv), {"conv2d": algo})(x), expected)
 
 
-@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd"])
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd", "fft"])
 def test_conv2d_algorithms_agree_with_each_other(algo):
     """Every algorithm gives the same output as 'direct' (and as torch) in f64."""
     conv = nn.Conv2d(5, 7, 3, padding=1).double()
@@ -231,7 +231,7 @@ EXTRA_CONFIGS = [
 
 
 @pytest.mark.parametrize("path", ["convert", "swap"])
-@pytest.mark.parametrize("algo", ["direct", "smm", "gemm"])
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "fft"])
 @pytest.mark.parametrize("kwargs", EXTRA_CONFIGS, ids=lambda k: str(k).replace(" ", ""))
 def test_conv2d_edge_configs(kwargs, algo, path):
     conv = nn.Conv2d(3, 4, **kwargs).double()
@@ -246,7 +246,7 @@ def test_conv2d_edge_configs(kwargs, algo, path):
 
 
 @pytest.mark.parametrize("path", ["convert", "swap"])
-@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd"])
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd", "fft"])
 def test_conv2d_channels_last_weights(algo, path):
     """``net.to(memory_format=torch.channels_last)`` makes the weights non-contiguous."""
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3))
@@ -262,7 +262,7 @@ def test_conv2d_channels_last_weights(algo, path):
     assert_close(out, expected)
 
 
-@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd"])
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd", "fft"])
 def test_conv2d_tiny_image(algo):
     conv = nn.Conv2d(3, 4, 3, padding=1)
     x = torch.randn(1, 3, 1, 1)

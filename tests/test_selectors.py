@@ -185,7 +185,7 @@ def test_custom_not_compiled_in(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", ["fft", "Direct", "", "winograd2"])
+@pytest.mark.parametrize("name", ["fourier", "Direct", "", "winograd2"])
 def test_unknown_algorithm_lists_valid_names(name, path):
     net, _ = net_and_input()
     with pytest.raises(ai3.AlgorithmError) as info:

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use ai3_kernels::cpu::conv2d::winograd;
+use ai3_kernels::cpu::conv2d::{fft, winograd};
 use ai3_kernels::params::{Conv2dParams, LinearParams};
 
 use crate::dtype::DType;
@@ -29,6 +29,8 @@ pub enum Algorithm {
     Gemm,
     /// Winograd minimal filtering, F(2x2, 3x3).
     Winograd,
+    /// Products of Fourier transforms (convolution theorem).
+    Fft,
     /// The user's C++ implementation from `cpp_custom/`.
     Custom,
 }
@@ -41,6 +43,7 @@ impl Algorithm {
             Algorithm::Smm => "smm",
             Algorithm::Gemm => "gemm",
             Algorithm::Winograd => "winograd",
+            Algorithm::Fft => "fft",
             Algorithm::Custom => "custom",
         }
     }
@@ -156,6 +159,20 @@ fn im2col_workspace(problem: &Problem, dtype: DType) -> usize {
     }
 }
 
+/// Input spectra of a chunk of the batch plus per-thread accumulators, all complex.
+fn fft_workspace(problem: &Problem, dtype: DType) -> usize {
+    match problem {
+        Problem::Conv2d(p) => fft::workspace_complex_elements(p) * 2 * dtype.size(),
+        _ => 0,
+    }
+}
+
+/// FFT convolution is never `'default'`'s choice: it pays only for large
+/// kernels on large images, and every shape has a faster or equal row above it.
+fn never(_: &Problem) -> bool {
+    false
+}
+
 fn winograd_workspace(problem: &Problem, dtype: DType) -> usize {
     match problem {
         Problem::Conv2d(p) => {
@@ -216,6 +233,15 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
         Conv2d,
         Smm,
         "scalar matrix multiplication with zero packing"
+    ),
+    row!(
+        Conv2d,
+        Fft,
+        "FFT of padded planes, products summed over channels in frequency",
+        always,
+        any_problem,
+        fft_workspace,
+        never
     ),
     row!(
         Conv2d,
@@ -411,6 +437,25 @@ mod tests {
         assert_eq!(pick(with_channels(3, 3, 1)).unwrap(), Algorithm::Gemm);
         assert_eq!(pick(with_channels(64, 3, 2)).unwrap(), Algorithm::Gemm);
         assert_eq!(pick(with_channels(64, 1, 1)).unwrap(), Algorithm::Gemm);
+    }
+
+    #[test]
+    fn fft_supports_everything_but_is_never_default() {
+        for problem in [conv(3, 1), conv(3, 2), conv(1, 1)] {
+            let named = resolve(
+                OpKind::Conv2d,
+                Request::Named(Algorithm::Fft),
+                DeviceKind::Cpu,
+                &problem,
+            );
+            assert_eq!(named.unwrap(), Algorithm::Fft);
+            let picked = resolve(OpKind::Conv2d, Request::Default, DeviceKind::Cpu, &problem);
+            assert_ne!(picked.unwrap(), Algorithm::Fft);
+        }
+        assert_eq!(
+            Request::parse(OpKind::Conv2d, "fft").unwrap(),
+            Request::Named(Algorithm::Fft)
+        );
     }
 
     #[test]

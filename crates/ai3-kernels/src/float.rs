@@ -10,6 +10,8 @@ use std::ops::{AddAssign, MulAssign};
 pub trait Float:
     num_traits::Float
     + num_traits::FromPrimitive
+    // Signed makes every Float a rustfft::FftNum, so the FFT convolution is generic too.
+    + num_traits::Signed
     + Default
     + Debug
     + Send

@@ -62,11 +62,11 @@ pub(crate) fn parse_activation(
 /// (no copy) when `copy` is false and it already has the right dtype and layout.
 pub(crate) fn import_weight(
     obj: &Bound<'_, PyAny>,
-    op: OpKind,
+    op: &str,
     dtype: DType,
     copy: bool,
 ) -> PyResult<Tensor> {
-    let t = dlpack::import(obj, op.name())?;
+    let t = dlpack::import(obj, op)?;
     if !copy && t.dtype() == dtype && t.is_contiguous() {
         return Ok(t);
     }
@@ -79,7 +79,8 @@ pub(crate) fn optional_weight(
     dtype: DType,
     copy: bool,
 ) -> PyResult<Option<Tensor>> {
-    obj.map(|b| import_weight(b, op, dtype, copy)).transpose()
+    obj.map(|b| import_weight(b, op.name(), dtype, copy))
+        .transpose()
 }
 
 /// Parses one reshape size expression: `("const", v)`, `("dim", input, axis)`,

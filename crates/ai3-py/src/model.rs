@@ -53,7 +53,7 @@ impl Model {
     }
 
     fn weight(&self, obj: &Bound<'_, PyAny>, op: OpKind) -> PyResult<Tensor> {
-        import_weight(obj, op, self.graph.dtype(), self.copy_weights)
+        import_weight(obj, op.name(), self.graph.dtype(), self.copy_weights)
     }
 
     fn optional(&self, obj: Option<&Bound<'_, PyAny>>, op: OpKind) -> PyResult<Option<Tensor>> {
@@ -400,12 +400,7 @@ impl Model {
     /// in the model's dtype, or borrowed when the model does not copy weights.
     fn constant(&mut self, name: &str, tensor: &Bound<'_, PyAny>) -> PyResult<ValueId> {
         let dtype = self.graph.dtype();
-        let t = dlpack::import(tensor, "constant")?;
-        let t = if !self.copy_weights && t.dtype() == dtype && t.is_contiguous() {
-            t
-        } else {
-            t.to_dtype(dtype).map_err(to_py)?
-        };
+        let t = import_weight(tensor, "constant", dtype, self.copy_weights)?;
         no_panic(name, || self.graph.constant(t)).map_err(to_py)
     }
 

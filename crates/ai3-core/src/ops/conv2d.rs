@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use ai3_kernels::cpu::conv2d::{direct, gemm, smm, winograd};
+use ai3_kernels::cpu::conv2d::{direct, fft, gemm, smm, winograd};
 use ai3_kernels::cpu::pad::pad2d;
 pub use ai3_kernels::cpu::pad::PadMode;
 use ai3_kernels::params::{Conv2dParams, Padding2d};
@@ -231,6 +231,7 @@ impl Conv2d {
             Algorithm::Direct => direct::conv2d(p, x, w, b, out),
             Algorithm::Smm => smm::conv2d(p, x, w, b, out),
             Algorithm::Gemm => gemm::conv2d(p, x, w, b, out),
+            Algorithm::Fft => fft::conv2d(p, x, w, b, out),
             Algorithm::Winograd => {
                 let filter = self.winograd_filter.get_or_init(|| {
                     let f = winograd::transform_filter(p, w);

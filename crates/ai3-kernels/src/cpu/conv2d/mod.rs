@@ -8,6 +8,7 @@
 //! elements that is fully overwritten.
 
 pub mod direct;
+pub mod fft;
 pub mod gemm;
 pub mod smm;
 pub mod winograd;

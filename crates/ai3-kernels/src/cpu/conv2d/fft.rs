@@ -1,0 +1,399 @@
+//! FFT convolution.
+//!
+//! Each zero-padded input plane is placed in an `fft_h x fft_w` buffer
+//! (`fft_h >= padded_h`, `fft_w >= padded_w`, both 2^a 3^b 5^c so the FFTs
+//! are fast), so the circular correlation the FFT computes equals the linear
+//! one at every position an output reads. Per output channel the products
+//! `X_c ⊙ conj(K_oc,c)` are summed over the group's input channels in the
+//! frequency domain, and one inverse FFT per (image, output channel) gives
+//! the stride-1 correlation, which is sampled at `(y * stride, x * stride)`.
+//!
+//! Spectra are laid out `[fft_w / 2 + 1, fft_h]` (transposed), so both the
+//! column FFTs and the frequency-domain products run over contiguous memory.
+//! `conj(K)` is small-support: rather than FFT a mostly-zero plane, it is
+//! evaluated as a separable DFT of the `kh x kw` taps (dilation only changes
+//! the phase), once per (output channel, input channel) and shared by every
+//! image of a chunk of the batch.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
+use rustfft::num_complex::Complex;
+use rustfft::{Fft, FftPlanner};
+
+use super::{SharedMut, WORKSPACE_ELEMENTS};
+use crate::params::Conv2dParams;
+use crate::Float;
+
+/// The smallest `n' >= n` of the form 2^a 3^b 5^c (even when `even`).
+fn fft_len(n: usize, even: bool) -> usize {
+    let mut m = n.max(1);
+    loop {
+        let mut r = m;
+        for f in [2, 3, 5] {
+            while r.is_multiple_of(f) {
+                r /= f;
+            }
+        }
+        if r == 1 && (!even || m.is_multiple_of(2)) {
+            return m;
+        }
+        m += 1;
+    }
+}
+
+/// FFT sizes of a problem: `(fft_h, fft_w, fft_w / 2 + 1)`.
+pub fn fft_shape(p: &Conv2dParams) -> (usize, usize, usize) {
+    let h = fft_len(p.padded_h(), false);
+    let w = fft_len(p.padded_w(), true);
+    (h, w, w / 2 + 1)
+}
+
+/// Scratch elements (complex values) one call needs: the spectra of a chunk of
+/// the batch plus each thread's accumulators. The registry's workspace
+/// estimate reads this.
+pub fn workspace_complex_elements(p: &Conv2dParams) -> usize {
+    let (h, w, wc) = fft_shape(p);
+    let spec = h * wc;
+    let images = images_per_chunk(p, spec);
+    let threads = rayon::current_num_threads();
+    images * p.in_channels * spec + threads * ((images + 1) * spec + h * w)
+}
+
+/// Images whose input spectra are held at once, bounding memory for big batches.
+fn images_per_chunk(p: &Conv2dParams, spec: usize) -> usize {
+    (WORKSPACE_ELEMENTS / (p.in_channels * spec).max(1)).clamp(1, p.batch.max(1))
+}
+
+/// `e^{+2πi·k/n}` computed in f64 (exact reduction of `k` mod `n` first).
+fn twiddle<T: Float>(k: usize, n: usize) -> Complex<T> {
+    let a = 2.0 * std::f64::consts::PI * ((k % n) as f64) / n as f64;
+    let c = |v: f64| T::from_f64(v).unwrap_or_else(T::zero);
+    Complex::new(c(a.cos()), c(a.sin()))
+}
+
+/// Plans and tables shared by every task of one call.
+struct Plan<T: Float> {
+    h: usize,
+    w: usize,
+    wc: usize,
+    r2c: Arc<dyn RealToComplex<T>>,
+    c2r: Arc<dyn ComplexToReal<T>>,
+    col_fwd: Arc<dyn Fft<T>>,
+    col_inv: Arc<dyn Fft<T>>,
+    /// Real and imaginary parts of `e^{+2πi·u·ky·dh/fft_h}`, each `[kh, fft_h]`.
+    eh: (Vec<T>, Vec<T>),
+    /// `[wc, kw]`: `e^{+2πi·v·kx·dw/fft_w}`.
+    ew: Vec<Complex<T>>,
+    scratch_len: usize,
+}
+
+impl<T: Float> Plan<T> {
+    fn new(p: &Conv2dParams) -> Self {
+        let (h, w, wc) = fft_shape(p);
+        let mut real = RealFftPlanner::<T>::new();
+        let mut cplx = FftPlanner::<T>::new();
+        let r2c = real.plan_fft_forward(w);
+        let c2r = real.plan_fft_inverse(w);
+        let col_fwd = cplx.plan_fft_forward(h);
+        let col_inv = cplx.plan_fft_inverse(h);
+        let eh: Vec<Complex<T>> = (0..p.kernel_h)
+            .flat_map(|ky| (0..h).map(move |u| twiddle(u * ky * p.dilation.0, h)))
+            .collect();
+        let eh = (
+            eh.iter().map(|z| z.re).collect(),
+            eh.iter().map(|z| z.im).collect(),
+        );
+        let ew = (0..wc)
+            .flat_map(|v| (0..p.kernel_w).map(move |kx| twiddle(v * kx * p.dilation.1, w)))
+            .collect();
+        let scratch_len = r2c
+            .get_scratch_len()
+            .max(c2r.get_scratch_len())
+            .max(col_fwd.get_inplace_scratch_len())
+            .max(col_inv.get_inplace_scratch_len())
+            .max(1);
+        Self {
+            h,
+            w,
+            wc,
+            r2c,
+            c2r,
+            col_fwd,
+            col_inv,
+            eh,
+            ew,
+            scratch_len,
+        }
+    }
+
+    /// Complex values in one spectrum.
+    fn spec(&self) -> usize {
+        self.h * self.wc
+    }
+}
+
+/// Per-thread buffers, reused across the tasks a thread runs.
+struct Buffers<T: Float> {
+    real: Vec<T>,
+    rows: Vec<Complex<T>>,
+    scratch: Vec<Complex<T>>,
+    /// One interleaved spectrum, `[wc, fft_h]`, for the column FFTs.
+    cols: Vec<Complex<T>>,
+    /// Split accumulators, `[nb, 2, wc, fft_h]`.
+    acc: Vec<T>,
+    /// Split `conj(K)` of one frequency column: `[2, fft_h]`.
+    kern: Vec<T>,
+    taps: Vec<Complex<T>>,
+}
+
+impl<T: Float> Buffers<T> {
+    fn new(plan: &Plan<T>) -> Self {
+        let z = Complex::new(T::zero(), T::zero());
+        Self {
+            real: vec![T::zero(); plan.w],
+            rows: vec![z; plan.wc],
+            scratch: vec![z; plan.scratch_len],
+            cols: vec![z; plan.spec()],
+            acc: Vec::new(),
+            kern: vec![T::zero(); 2 * plan.h],
+            taps: Vec::new(),
+        }
+    }
+}
+
+/// FFT 2-D convolution (see the [module contract](super)).
+///
+/// Filter spectra depend on the FFT size and so on the input size: they are
+/// computed per call, once per (output channel, input channel) for each chunk
+/// of the batch.
+pub fn conv2d<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) {
+    debug_assert_eq!(input.len(), p.input_len());
+    debug_assert_eq!(weight.len(), p.weight_len());
+    debug_assert_eq!(output.len(), p.output_len());
+    debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
+    if p.output_len() == 0 {
+        return;
+    }
+    let plan = Plan::<T>::new(p);
+    let spec2 = 2 * plan.spec();
+    let chunk = images_per_chunk(p, plan.spec());
+    // Split layout: per (image, channel) `[2, wc, fft_h]`, real parts first.
+    let mut spectra = vec![T::zero(); chunk * p.in_channels * spec2];
+    let out = SharedMut(output.as_mut_ptr());
+    let plane_out = p.out_h() * p.out_w();
+    for n0 in (0..p.batch).step_by(chunk) {
+        let nb = chunk.min(p.batch - n0);
+        let spectra = &mut spectra[..nb * p.in_channels * spec2];
+        spectra.par_chunks_mut(spec2).enumerate().for_each_init(
+            || Buffers::new(&plan),
+            |buf, (i, dst)| {
+                let plane_len = p.in_h * p.in_w;
+                let plane = &input[(n0 * p.in_channels + i) * plane_len..][..plane_len];
+                forward(p, &plan, plane, dst, buf);
+            },
+        );
+        let spectra = &*spectra;
+        (0..p.out_channels).into_par_iter().for_each_init(
+            || Buffers::new(&plan),
+            |buf, o| {
+                accumulate(p, &plan, o, nb, spectra, weight, buf);
+                for i in 0..nb {
+                    let start = ((n0 + i) * p.out_channels + o) * plane_out;
+                    // SAFETY: each (image, output channel) plane is written by
+                    // exactly one task, and it lies inside `output`.
+                    let dst = unsafe { plane_mut(out, start, plane_out) };
+                    let b = bias.map_or(T::zero(), |b| b[o]);
+                    inverse(p, &plan, i, b, dst, buf);
+                }
+            },
+        );
+    }
+}
+
+/// The `len` elements of the shared output starting at `start`.
+///
+/// # Safety
+/// The range must lie inside the buffer and be touched by no other task.
+unsafe fn plane_mut<'a, T>(out: SharedMut<T>, start: usize, len: usize) -> &'a mut [T] {
+    std::slice::from_raw_parts_mut(out.0.add(start), len)
+}
+
+/// Writes the split spectrum `[2, wc, fft_h]` of one input plane placed at
+/// `(top, left)` in an otherwise zero `fft_h x fft_w` buffer.
+fn forward<T: Float>(
+    p: &Conv2dParams,
+    plan: &Plan<T>,
+    plane: &[T],
+    dst: &mut [T],
+    buf: &mut Buffers<T>,
+) {
+    let h = plan.h;
+    buf.cols.fill(Complex::new(T::zero(), T::zero()));
+    let (top, left) = (p.padding.top, p.padding.left);
+    for (y, row) in plane.chunks_exact(p.in_w).enumerate() {
+        buf.real.fill(T::zero());
+        buf.real[left..left + p.in_w].copy_from_slice(row);
+        // Lengths match the plan by construction, so this cannot fail.
+        let _ = plan
+            .r2c
+            .process_with_scratch(&mut buf.real, &mut buf.rows, &mut buf.scratch);
+        let u = top + y;
+        for (v, &z) in buf.rows.iter().enumerate() {
+            buf.cols[v * h + u] = z;
+        }
+    }
+    plan.col_fwd
+        .process_with_scratch(&mut buf.cols, &mut buf.scratch);
+    let (re, im) = dst.split_at_mut(plan.spec());
+    for ((r, i), z) in re.iter_mut().zip(im.iter_mut()).zip(&buf.cols) {
+        *r = z.re;
+        *i = z.im;
+    }
+}
+
+/// Sums `X_c ⊙ conj(K_o,c)` over output channel `o`'s input channels into
+/// `buf.acc` (`[nb, 2, wc, fft_h]`).
+///
+/// `conj(K)` is built one frequency column at a time (`kh` complex
+/// multiply-adds per bin) and used at once by every image of the chunk; the
+/// split layout lets both loops vectorise.
+fn accumulate<T: Float>(
+    p: &Conv2dParams,
+    plan: &Plan<T>,
+    o: usize,
+    nb: usize,
+    spectra: &[T],
+    weight: &[T],
+    buf: &mut Buffers<T>,
+) {
+    let (h, wc) = (plan.h, plan.wc);
+    let (kh, kw) = (p.kernel_h, p.kernel_w);
+    let spec = plan.spec();
+    let icg = p.in_channels_per_group();
+    let g = o / p.out_channels_per_group();
+    let zero = Complex::new(T::zero(), T::zero());
+    buf.acc.clear();
+    buf.acc.resize(nb * 2 * spec, T::zero());
+    buf.taps.resize(kh * wc, zero);
+    let (ehr, ehi) = (&plan.eh.0, &plan.eh.1);
+    for c in 0..icg {
+        let w = &weight[(o * icg + c) * kh * kw..][..kh * kw];
+        // taps[ky][v] = sum_kx w[ky, kx] e^{+2πi v kx dw / fft_w}
+        for ky in 0..kh {
+            for v in 0..wc {
+                let e = &plan.ew[v * kw..][..kw];
+                let mut s = zero;
+                for (&wv, &ev) in w[ky * kw..][..kw].iter().zip(e) {
+                    s = s + ev * wv;
+                }
+                buf.taps[ky * wc + v] = s;
+            }
+        }
+        let ci = g * icg + c;
+        for v in 0..wc {
+            // kern[u] = conj(K)[u, v] = sum_ky e^{+2πi u ky dh / fft_h} taps[ky][v]
+            let (kr, ki) = buf.kern.split_at_mut(h);
+            kr.fill(T::zero());
+            ki.fill(T::zero());
+            for ky in 0..kh {
+                let t = buf.taps[ky * wc + v];
+                let er = &ehr[ky * h..][..h];
+                let ei = &ehi[ky * h..][..h];
+                for (((kr, ki), &er), &ei) in kr.iter_mut().zip(ki.iter_mut()).zip(er).zip(ei) {
+                    *kr += er * t.re - ei * t.im;
+                    *ki += er * t.im + ei * t.re;
+                }
+            }
+            for i in 0..nb {
+                let x = &spectra[(i * p.in_channels + ci) * 2 * spec..][..2 * spec];
+                let xr = &x[v * h..][..h];
+                let xi = &x[spec + v * h..][..h];
+                let (ar, ai) = buf.acc[i * 2 * spec..][..2 * spec].split_at_mut(spec);
+                let ar = &mut ar[v * h..][..h];
+                let ai = &mut ai[v * h..][..h];
+                for u in 0..h {
+                    let (x_r, x_i, k_r, k_i) = (xr[u], xi[u], kr[u], ki[u]);
+                    ar[u] += x_r * k_r - x_i * k_i;
+                    ai[u] += x_r * k_i + x_i * k_r;
+                }
+            }
+        }
+    }
+}
+
+/// Inverse-transforms image `i`'s accumulated spectrum and writes the
+/// strided samples, scaled and biased, to `dst` (`[out_h, out_w]`).
+fn inverse<T: Float>(
+    p: &Conv2dParams,
+    plan: &Plan<T>,
+    i: usize,
+    bias: T,
+    dst: &mut [T],
+    buf: &mut Buffers<T>,
+) {
+    let (h, w, wc) = (plan.h, plan.w, plan.wc);
+    let spec = plan.spec();
+    let (ar, ai) = buf.acc[i * 2 * spec..][..2 * spec].split_at(spec);
+    for ((z, &r), &im) in buf.cols.iter_mut().zip(ar).zip(ai) {
+        *z = Complex::new(r, im);
+    }
+    plan.col_inv
+        .process_with_scratch(&mut buf.cols, &mut buf.scratch);
+    let scale = T::one() / T::from_usize(h * w).unwrap_or_else(T::one);
+    let ow = p.out_w();
+    for (y, out_row) in dst.chunks_exact_mut(ow).enumerate() {
+        let u = y * p.stride.0;
+        for (v, r) in buf.rows.iter_mut().enumerate() {
+            *r = buf.cols[v * h + u];
+        }
+        // The signal is real: the DC and Nyquist bins' imaginary parts are
+        // rounding noise, which realfft would reject.
+        buf.rows[0].im = T::zero();
+        buf.rows[wc - 1].im = T::zero();
+        let _ = plan
+            .c2r
+            .process_with_scratch(&mut buf.rows, &mut buf.real, &mut buf.scratch);
+        for (x, o) in out_row.iter_mut().enumerate() {
+            *o = buf.real[x * p.stride.1] * scale + bias;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::test_util::{check_conv_algorithm, on_two_threads};
+
+    #[test]
+    fn fft_len_is_smooth_and_minimal() {
+        assert_eq!(fft_len(7, false), 8);
+        assert_eq!(fft_len(11, false), 12);
+        assert_eq!(fft_len(58, true), 60);
+        assert_eq!(fft_len(49, true), 50);
+        assert_eq!(fft_len(13, true), 16);
+        assert_eq!(fft_len(1, false), 1);
+    }
+
+    #[test]
+    fn matches_reference() {
+        check_conv_algorithm("fft", conv2d::<f32>, conv2d::<f64>);
+    }
+
+    #[test]
+    fn matches_reference_on_larger_shapes() {
+        crate::cpu::conv2d::padded::check_larger_shapes("fft", conv2d::<f32>, conv2d::<f64>);
+    }
+
+    #[test]
+    fn matches_reference_on_two_threads() {
+        on_two_threads(|| check_conv_algorithm("fft", conv2d::<f32>, conv2d::<f64>));
+    }
+}
