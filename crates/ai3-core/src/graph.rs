@@ -497,12 +497,16 @@ fn with_node(e: Error, node: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::{Flatten, Relu};
+    use crate::ops::{Activation, ActivationKind, Flatten};
+
+    fn relu() -> Box<Activation> {
+        Box::new(Activation::new(ActivationKind::Relu).unwrap())
+    }
 
     fn relu_chain() -> Graph {
         let mut g = Graph::new(DType::F32, 1);
-        let a = g.push("relu", Box::new(Relu), vec![0]).unwrap();
-        let b = g.push("relu2", Box::new(Relu), vec![a]).unwrap();
+        let a = g.push("relu", relu(), vec![0]).unwrap();
+        let b = g.push("relu2", relu(), vec![a]).unwrap();
         let c = g
             .push("flatten", Box::new(Flatten::new(1, -1)), vec![b])
             .unwrap();
@@ -542,7 +546,7 @@ mod tests {
         let c = g
             .constant(Tensor::from_slice(&[-2.0f64, 5.0], &[2]).unwrap())
             .unwrap();
-        let r = g.push("relu", Box::new(Relu), vec![c]).unwrap();
+        let r = g.push("relu", relu(), vec![c]).unwrap();
         g.set_outputs(vec![r, c]).unwrap();
         let out = g.run(vec![]).unwrap();
         assert_eq!(out[0].as_slice::<f64>().unwrap(), &[0.0, 5.0]);
@@ -571,6 +575,6 @@ mod tests {
     #[test]
     fn reading_a_future_value_is_rejected() {
         let mut g = Graph::new(DType::F32, 1);
-        assert!(g.push("bad", Box::new(Relu), vec![5]).is_err());
+        assert!(g.push("bad", relu(), vec![5]).is_err());
     }
 }

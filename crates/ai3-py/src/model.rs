@@ -4,7 +4,7 @@
 use ai3_core::ops::{
     Activation, ActivationKind, AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm2d,
     Binary, BinaryKind, Concat, Conv2d, Flatten, LayerNorm, Linear, MaxPool2d, Mean, Operation,
-    Permute, Relu, Reshape, Slice, SliceMode, Softmax,
+    Permute, Reshape, Slice, SliceMode, Softmax,
 };
 use ai3_core::params::AvgPoolOptions;
 use ai3_core::{Error, Graph, OpKind, Tensor, ValueId};
@@ -152,7 +152,7 @@ impl Model {
     /// Adds a ReLU reading value `x`.
     fn relu(&mut self, name: &str, x: ValueId, algorithm: &str) -> PyResult<ValueId> {
         parse_request(OpKind::Relu, algorithm)?;
-        self.push(name, vec![x], || Ok(Relu))
+        self.push(name, vec![x], || Activation::new(ActivationKind::Relu))
     }
 
     /// Adds an elementwise activation `kind` (`relu`, `relu6`, `hardtanh`, `hardswish`,

@@ -16,7 +16,6 @@ mod linear;
 mod norm;
 mod pool;
 mod reduce;
-mod relu;
 mod reshape;
 mod shape;
 
@@ -28,7 +27,6 @@ pub use linear::Linear;
 pub use norm::{BatchNorm2d, LayerNorm};
 pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d, Window};
 pub use reduce::{Mean, Softmax};
-pub use relu::Relu;
 pub use reshape::{Reshape, SizeExpr};
 pub use shape::{Concat, Permute, Slice, SliceMode};
 
