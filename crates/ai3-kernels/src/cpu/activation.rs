@@ -5,10 +5,7 @@ use rayon::prelude::*;
 
 use crate::Float;
 
-/// Below this many elements threading costs more than it saves.
-pub(crate) const PARALLEL_MIN: usize = 1 << 15;
-/// Elements per rayon task: large enough to amortise scheduling.
-pub(crate) const CHUNK: usize = 1 << 14;
+use super::par::{CHUNK, PARALLEL_MIN};
 
 /// The activation functions on one element, with PyTorch's formulas and NaN
 /// behaviour (NaN in, NaN out).

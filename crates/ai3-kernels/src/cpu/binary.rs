@@ -9,7 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::activation::{map, CHUNK, PARALLEL_MIN};
+use super::activation::map;
+use super::par::{for_each_row, CHUNK, PARALLEL_MIN};
 use crate::params::broadcast_shape;
 use crate::Float;
 
@@ -142,21 +143,7 @@ pub fn broadcast<T: Float, F: Fn(T, T) -> T + Sync>(
         let (oa, ob) = offsets(r);
         row(&a[oa..], ia, &b[ob..], ib, out, &f);
     };
-    if output.len() >= PARALLEL_MIN {
-        let rows_per_task = (CHUNK / inner).max(1);
-        output
-            .par_chunks_mut(rows_per_task * inner)
-            .enumerate()
-            .for_each(|(t, block)| {
-                for (i, out) in block.chunks_mut(inner).enumerate() {
-                    run(t * rows_per_task + i, out);
-                }
-            });
-    } else {
-        for (r, out) in output.chunks_mut(inner).enumerate() {
-            run(r, out);
-        }
-    }
+    for_each_row(output, inner, run);
 }
 
 #[cfg(test)]

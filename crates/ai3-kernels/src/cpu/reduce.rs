@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::activation::CHUNK;
+use super::par::CHUNK;
 use crate::params::AxisParams;
 use crate::Float;
 

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::activation::{CHUNK, PARALLEL_MIN};
+use super::par::{for_each_row, PARALLEL_MIN};
 use crate::Float;
 
 /// Concatenates along an axis. Each part is `[outer, chunk]`, where `chunk`
@@ -119,21 +119,7 @@ pub fn permute<T: Float>(shape: &[usize], perm: &[usize], input: &[T], output: &
             }
         }
     };
-    if output.len() >= PARALLEL_MIN {
-        let rows_per_task = (CHUNK / inner).max(1);
-        output
-            .par_chunks_mut(rows_per_task * inner)
-            .enumerate()
-            .for_each(|(t, block)| {
-                for (i, dst) in block.chunks_mut(inner).enumerate() {
-                    run(t * rows_per_task + i, dst);
-                }
-            });
-    } else {
-        for (r, dst) in output.chunks_mut(inner).enumerate() {
-            run(r, dst);
-        }
-    }
+    for_each_row(output, inner, run);
 }
 
 #[cfg(test)]

@@ -1,0 +1,51 @@
+//! How elementwise-style kernels split work across threads.
+
+use rayon::prelude::*;
+
+/// Below this many elements threading costs more than it saves.
+pub(crate) const PARALLEL_MIN: usize = 1 << 15;
+/// Elements per rayon task: large enough to amortise scheduling.
+pub(crate) const CHUNK: usize = 1 << 14;
+
+/// Calls `f(r, row)` for every `inner`-long row `r` of `output`, in parallel
+/// (rows grouped into tasks of about [`CHUNK`] elements) when `output` is large.
+pub(crate) fn for_each_row<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+    output: &mut [T],
+    inner: usize,
+    f: F,
+) {
+    if inner == 0 {
+        return;
+    }
+    if output.len() >= PARALLEL_MIN {
+        let rows_per_task = (CHUNK / inner).max(1);
+        output
+            .par_chunks_mut(rows_per_task * inner)
+            .enumerate()
+            .for_each(|(t, block)| {
+                for (i, row) in block.chunks_mut(inner).enumerate() {
+                    f(t * rows_per_task + i, row);
+                }
+            });
+    } else {
+        for (r, row) in output.chunks_mut(inner).enumerate() {
+            f(r, row);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_is_visited_once_with_its_index() {
+        for (rows, inner) in [(3, 5), (PARALLEL_MIN / 7 + 3, 7), (1, PARALLEL_MIN + 1)] {
+            let mut out = vec![usize::MAX; rows * inner];
+            for_each_row(&mut out, inner, |r, row| row.fill(r));
+            for (r, row) in out.chunks(inner).enumerate() {
+                assert!(row.iter().all(|&v| v == r));
+            }
+        }
+    }
+}
