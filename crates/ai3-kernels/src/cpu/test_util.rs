@@ -153,33 +153,46 @@ pub fn conv_grid() -> Vec<Conv2dParams> {
 /// A convolution algorithm taking the plain weight.
 pub type ConvFn<T> = fn(&Conv2dParams, &[T], &[T], Option<&[T]>, &mut [T]);
 
+/// Checks `conv32` / `conv64` on one problem with random data, with and
+/// without bias, against [`reference_conv`] (outputs start as NaN, so every
+/// element must be written).
+pub fn check_conv_case(
+    name: &str,
+    p: &Conv2dParams,
+    rng: &mut Rng,
+    conv32: ConvFn<f32>,
+    conv64: ConvFn<f64>,
+) {
+    let input = rng.vec(p.input_len());
+    let weight = rng.vec(p.weight_len());
+    let bias_v = rng.vec(p.out_channels);
+    for bias in [None, Some(bias_v.as_slice())] {
+        let want = reference_conv(p, &input, &weight, bias);
+        let what = format!("{name} {p:?} bias={}", bias.is_some());
+
+        let mut out64 = vec![f64::NAN; p.output_len()];
+        conv64(p, &input, &weight, bias, &mut out64);
+        assert_close(&out64, &want, 1e-10, &what);
+
+        let b32 = bias.map(cast::<f32>);
+        let mut out32 = vec![f32::NAN; p.output_len()];
+        conv32(
+            p,
+            &cast::<f32>(&input),
+            &cast::<f32>(&weight),
+            b32.as_deref(),
+            &mut out32,
+        );
+        assert_close(&out32, &want, 1e-4, &what);
+    }
+}
+
 /// Runs `conv` (an algorithm taking the plain weight) over the grid, in f32
 /// and f64, with and without bias, against [`reference_conv`].
 pub fn check_conv_algorithm(name: &str, conv32: ConvFn<f32>, conv64: ConvFn<f64>) {
     let mut rng = Rng::new(7);
     for p in conv_grid() {
-        let input = rng.vec(p.input_len());
-        let weight = rng.vec(p.weight_len());
-        let bias_v = rng.vec(p.out_channels);
-        for bias in [None, Some(bias_v.as_slice())] {
-            let want = reference_conv(&p, &input, &weight, bias);
-            let what = format!("{name} {p:?} bias={}", bias.is_some());
-
-            let mut out64 = vec![f64::NAN; p.output_len()];
-            conv64(&p, &input, &weight, bias, &mut out64);
-            assert_close(&out64, &want, 1e-10, &what);
-
-            let b32 = bias.map(cast::<f32>);
-            let mut out32 = vec![f32::NAN; p.output_len()];
-            conv32(
-                &p,
-                &cast::<f32>(&input),
-                &cast::<f32>(&weight),
-                b32.as_deref(),
-                &mut out32,
-            );
-            assert_close(&out32, &want, 1e-4, &what);
-        }
+        check_conv_case(name, &p, &mut rng, conv32, conv64);
     }
 }
 

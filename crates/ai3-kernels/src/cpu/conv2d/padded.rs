@@ -121,7 +121,7 @@ pub(crate) fn check_larger_shapes(
     conv32: crate::cpu::test_util::ConvFn<f32>,
     conv64: crate::cpu::test_util::ConvFn<f64>,
 ) {
-    use crate::cpu::test_util::{assert_close, cast, reference_conv, Rng};
+    use crate::cpu::test_util::{check_conv_case, Rng};
     use crate::params::Padding2d;
     let mut rng = Rng::new(11);
     // (batch, ic, oc, groups, h, w, k, stride, padding, dilation)
@@ -242,25 +242,6 @@ pub(crate) fn check_larger_shapes(
             dilation,
             groups,
         };
-        let input = rng.vec(p.input_len());
-        let weight = rng.vec(p.weight_len());
-        let bias_v = rng.vec(p.out_channels);
-        for bias in [None, Some(bias_v.as_slice())] {
-            let want = reference_conv(&p, &input, &weight, bias);
-            let what = format!("{name} {p:?} bias={}", bias.is_some());
-            let mut out64 = vec![f64::NAN; p.output_len()];
-            conv64(&p, &input, &weight, bias, &mut out64);
-            assert_close(&out64, &want, 1e-10, &what);
-            let b32 = bias.map(cast::<f32>);
-            let mut out32 = vec![f32::NAN; p.output_len()];
-            conv32(
-                &p,
-                &cast::<f32>(&input),
-                &cast::<f32>(&weight),
-                b32.as_deref(),
-                &mut out32,
-            );
-            assert_close(&out32, &want, 1e-4, &what);
-        }
+        check_conv_case(name, &p, &mut rng, conv32, conv64);
     }
 }

@@ -10,54 +10,58 @@ fn bounds(o: usize, len: usize, out: usize) -> (usize, usize) {
     (o * len / out, ((o + 1) * len).div_ceil(out))
 }
 
-/// 2-D adaptive average pooling as PyTorch's `adaptive_avg_pool2d`: output
-/// `o` averages the input range `[floor(o * in / out), ceil((o + 1) * in / out))`
-/// in each dimension (ranges may overlap).
-pub fn adaptive_avgpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], output: &mut [T]) {
+/// Writes `reduce(window)` for every adaptive window of every plane; a window
+/// is given as the input plane, its row range and its column range.
+fn for_each_window<T: Float, F>(p: &AdaptivePool2dParams, input: &[T], output: &mut [T], reduce: F)
+where
+    F: Fn(&[T], (usize, usize), (usize, usize)) -> T + Sync,
+{
     debug_assert_eq!(input.len(), p.input_len());
     debug_assert_eq!(output.len(), p.output_len());
     let (oh, ow) = (p.out_h, p.out_w);
     let rows: Vec<_> = (0..oh).map(|y| bounds(y, p.in_h, oh)).collect();
     let cols: Vec<_> = (0..ow).map(|x| bounds(x, p.in_w, ow)).collect();
     for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
-        for (y, &(h0, h1)) in rows.iter().enumerate() {
-            for (x, &(w0, w1)) in cols.iter().enumerate() {
-                let mut sum = T::zero();
-                for iy in h0..h1 {
-                    for &v in &src[iy * p.in_w + w0..iy * p.in_w + w1] {
-                        sum += v;
-                    }
-                }
-                let count = (h1 - h0) * (w1 - w0);
-                dst[y * ow + x] = sum / T::from_usize(count).unwrap_or_else(T::nan);
+        for (y, &r) in rows.iter().enumerate() {
+            for (x, &c) in cols.iter().enumerate() {
+                dst[y * ow + x] = reduce(src, r, c);
             }
         }
+    });
+}
+
+/// 2-D adaptive average pooling as PyTorch's `adaptive_avg_pool2d`: output
+/// `o` averages the input range `[floor(o * in / out), ceil((o + 1) * in / out))`
+/// in each dimension (ranges may overlap).
+pub fn adaptive_avgpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], output: &mut [T]) {
+    let w = p.in_w;
+    for_each_window(p, input, output, |src, (h0, h1), (w0, w1)| {
+        let mut sum = T::zero();
+        for iy in h0..h1 {
+            for &v in &src[iy * w + w0..iy * w + w1] {
+                sum += v;
+            }
+        }
+        let count = (h1 - h0) * (w1 - w0);
+        sum / T::from_usize(count).unwrap_or_else(T::nan)
     });
 }
 
 /// 2-D adaptive max pooling as PyTorch's `adaptive_max_pool2d`, with the
 /// windows of [`adaptive_avgpool2d`]; a NaN in a window makes its output NaN.
 pub fn adaptive_maxpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], output: &mut [T]) {
-    debug_assert_eq!(input.len(), p.input_len());
-    debug_assert_eq!(output.len(), p.output_len());
-    let (oh, ow) = (p.out_h, p.out_w);
-    let rows: Vec<_> = (0..oh).map(|y| bounds(y, p.in_h, oh)).collect();
-    let cols: Vec<_> = (0..ow).map(|x| bounds(x, p.in_w, ow)).collect();
-    for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
-        for (y, &(h0, h1)) in rows.iter().enumerate() {
-            for (x, &(w0, w1)) in cols.iter().enumerate() {
-                let mut acc = T::neg_infinity();
-                for iy in h0..h1 {
-                    for &v in &src[iy * p.in_w + w0..iy * p.in_w + w1] {
-                        // Once acc is NaN nothing replaces it but another NaN.
-                        if v > acc || v.is_nan() {
-                            acc = v;
-                        }
-                    }
+    let w = p.in_w;
+    for_each_window(p, input, output, |src, (h0, h1), (w0, w1)| {
+        let mut acc = T::neg_infinity();
+        for iy in h0..h1 {
+            for &v in &src[iy * w + w0..iy * w + w1] {
+                // Once acc is NaN nothing replaces it but another NaN.
+                if v > acc || v.is_nan() {
+                    acc = v;
                 }
-                dst[y * ow + x] = acc;
             }
         }
+        acc
     });
 }
 
