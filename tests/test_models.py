@@ -272,3 +272,27 @@ def test_convert_several_inputs_and_outputs():
     assert isinstance(out, tuple) and len(out) == 2
     assert_close(out[0], ex)
     assert_close(out[1], ey)
+
+
+def test_profile_times_every_layer():
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 10),
+    ).eval()
+    model = ai3.convert(net, {"conv2d": "direct"})
+    x = torch.randn(2, 3, 16, 16)
+    rows = model.profile(x, repeat=3)
+    summary = model.summary(tuple(x.shape))
+    assert [r["name"] for r in rows] == [r["name"] for r in summary]
+    assert [r["algorithm"] for r in rows] == [r["algorithm"] for r in summary]
+    assert all(r["ms"] >= 0 and r["ms"] == r["ms"] for r in rows)
+    assert rows[0]["algorithm"] == "direct"
+    # Profiling leaves the model working.
+    assert_close(model(x), net(x))
+    with pytest.raises(ValueError, match="repeat"):
+        model.profile(x, repeat=0)
+    with pytest.raises(ai3.Error):
+        model.profile(torch.randn(2, 5, 16, 16))

@@ -86,6 +86,23 @@ class Model:
         given to ``convert``; give a list of shapes for a model with several inputs."""
         return self._core.summary(self._shapes(input_shape))
 
+    def profile(self, *inputs: Any, repeat: int = 10) -> list[dict[str, Any]]:
+        """Times every layer on these inputs: the :meth:`summary` rows, each with
+        ``ms``, the layer's median time over ``repeat`` runs (after one warm-up run).
+
+        >>> rows = model.profile(torch.randn(1, 3, 224, 224))
+        >>> max(rows, key=lambda r: r["ms"])["name"]  # the slowest layer
+        """
+        if repeat < 1:
+            raise ValueError(f"profile: repeat must be at least 1, got {repeat}")
+        threads.sync()
+        prepared = [_prepare_input(x) for x in inputs]
+        _, times = self._core.profile(prepared, repeat)
+        rows = self._core.summary([list(x.shape) for x in prepared])
+        for row, t in zip(rows, times, strict=True):
+            row["ms"] = t * 1e3
+        return rows
+
     def memory_plan(self, input_shape: Sequence[int] | None = None) -> dict[str, int]:
         """What the memory planner decided for this input shape: ``arena_bytes``
         (one arena holds every intermediate value), ``intermediate_bytes`` (what

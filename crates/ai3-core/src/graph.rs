@@ -389,12 +389,50 @@ impl Graph {
         let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
         let plan = self.plan_for(&input_shapes)?;
         let mut arena = self.take_arena(plan.arena_bytes);
-        let result = crate::threads::install(|| self.execute(&plan, &inputs, &mut arena));
+        let result = crate::threads::install(|| self.execute(&plan, &inputs, &mut arena, None));
         self.return_arena(arena);
         result
     }
 
-    fn execute(&self, plan: &Plan, inputs: &[Tensor], arena: &mut Tensor) -> Result<Vec<Tensor>> {
+    /// Runs the graph `repeat` times (after one untimed warm-up run) and returns
+    /// the outputs of the last run with each node's median wall time in seconds,
+    /// in node order.
+    pub fn profile(&self, inputs: Vec<Tensor>, repeat: usize) -> Result<(Vec<Tensor>, Vec<f64>)> {
+        self.check_inputs(&inputs)?;
+        let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        let plan = self.plan_for(&input_shapes)?;
+        let mut arena = self.take_arena(plan.arena_bytes);
+        let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(repeat); self.nodes.len()];
+        let result = crate::threads::install(|| {
+            let mut out = self.execute(&plan, &inputs, &mut arena, None)?;
+            for _ in 0..repeat.max(1) {
+                let mut times = Vec::with_capacity(self.nodes.len());
+                out = self.execute(&plan, &inputs, &mut arena, Some(&mut times))?;
+                for (s, t) in samples.iter_mut().zip(times) {
+                    s.push(t);
+                }
+            }
+            Ok(out)
+        });
+        self.return_arena(arena);
+        let medians = samples
+            .into_iter()
+            .map(|mut s| {
+                s.sort_by(f64::total_cmp);
+                s.get(s.len() / 2).copied().unwrap_or(0.0)
+            })
+            .collect();
+        Ok((result?, medians))
+    }
+
+    /// Runs every node once; with `times`, records each node's wall time in seconds.
+    fn execute(
+        &self,
+        plan: &Plan,
+        inputs: &[Tensor],
+        arena: &mut Tensor,
+        mut times: Option<&mut Vec<f64>>,
+    ) -> Result<Vec<Tensor>> {
         // Kernels need row-major data: only non-contiguous inputs are copied.
         let copies: Vec<Option<Tensor>> = inputs
             .iter()
@@ -426,9 +464,13 @@ impl Graph {
                     .iter()
                     .map(|&u| self.value(u, &values, inputs, &copies))
                     .collect::<Result<_>>()?;
+                let start = times.is_some().then(std::time::Instant::now);
                 node.op
                     .forward(&refs, &mut out)
                     .map_err(|e| with_node(e, &node.name))?;
+                if let (Some(times), Some(start)) = (times.as_deref_mut(), start) {
+                    times.push(start.elapsed().as_secs_f64());
+                }
             }
             values[v] = Some(out);
         }
@@ -523,6 +565,16 @@ mod tests {
         assert_eq!(out[0].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
         // The first intermediate is also an output, so it must not live in the arena.
         assert_eq!(out[1].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
+    }
+
+    #[test]
+    fn profile_times_every_node_and_returns_the_outputs() {
+        let g = relu_chain();
+        let x = Tensor::from_slice(&[-1.0f32, 2.0, -3.0, 4.0], &[1, 2, 2]).unwrap();
+        let (out, times) = g.profile(vec![x], 3).unwrap();
+        assert_eq!(times.len(), g.nodes().len());
+        assert!(times.iter().all(|t| t.is_finite() && *t >= 0.0));
+        assert_eq!(out[0].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
     }
 
     #[test]

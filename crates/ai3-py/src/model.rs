@@ -488,6 +488,29 @@ impl Model {
         run_graph(py, &self.graph, inputs)
     }
 
+    /// Runs the model `repeat` times after a warm-up; returns the outputs of the
+    /// last run and each node's median time in seconds, in node order.
+    fn profile<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: &Bound<'py, PyList>,
+        repeat: usize,
+    ) -> PyResult<(Vec<Bound<'py, PyAny>>, Vec<f64>)> {
+        let tensors: Vec<Tensor> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| dlpack::import(&x, self.graph.input_consumer(i)))
+            .collect::<PyResult<_>>()?;
+        let (outputs, times) = py
+            .detach(|| no_panic("model", || self.graph.profile(tensors, repeat)))
+            .map_err(to_py)?;
+        let outputs = outputs
+            .into_iter()
+            .map(|t| dlpack::export(py, t))
+            .collect::<PyResult<_>>()?;
+        Ok((outputs, times))
+    }
+
     /// One dict per node (name, op, algorithm, input_shapes, output_shape) for these input shapes.
     fn summary<'py>(
         &self,

@@ -4,9 +4,39 @@ use super::for_each_plane;
 use crate::params::Pool2dParams;
 use crate::Float;
 
+/// The larger of `acc` and `v`, where a NaN on either side wins and then sticks.
+#[inline(always)]
+fn nan_max<T: Float>(acc: T, v: T) -> T {
+    if v > acc || v.is_nan() {
+        v
+    } else {
+        acc
+    }
+}
+
+/// The output positions `lo..hi` along one axis whose windows lie entirely
+/// inside the input (every other position touches padding or the clipped
+/// `ceil_mode` edge).
+fn interior(out: usize, n: usize, k: usize, s: usize, pad: usize, d: usize) -> (usize, usize) {
+    let span = (k - 1) * d;
+    let lo = pad.div_ceil(s).min(out);
+    // Largest o with o*s - pad + span <= n - 1.
+    let hi = if n + pad > span {
+        ((n + pad - 1 - span) / s + 1).min(out)
+    } else {
+        0
+    };
+    (lo, hi.max(lo))
+}
+
 /// 2-D max pooling as PyTorch's `max_pool2d`: padding counts as `-inf`,
 /// dilation spreads the window, `ceil_mode` windows are clipped to the input,
 /// and a NaN anywhere in a window makes that output NaN.
+///
+/// The window max is separable: each input row is first reduced along the
+/// width into a per-plane scratch row, then output rows take the maximum of
+/// `kernel.0` scratch rows, a contiguous pass that vectorises. Only border
+/// positions check bounds.
 pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) {
     debug_assert_eq!(input.len(), p.input_len());
     debug_assert_eq!(output.len(), p.output_len());
@@ -15,33 +45,45 @@ pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) {
     let (sh, sw) = p.stride;
     let (ph, pw) = p.padding;
     let (dh, dw) = p.dilation;
-    let (ih, iw) = (p.in_h as isize, p.in_w as isize);
-    for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
-        for y in 0..oh {
-            let y0 = (y * sh) as isize - ph as isize;
-            for x in 0..ow {
+    let (ih, iw) = (p.in_h, p.in_w);
+    let (x_lo, x_hi) = interior(ow, iw, kw, sw, pw, dw);
+    for_each_plane(input, ih * iw, output, oh * ow, |src, dst| {
+        // rows[iy * ow + x]: the maximum of input row iy over output column x's window.
+        let mut rows = vec![T::neg_infinity(); ih * ow];
+        for (row, hmax) in src.chunks_exact(iw).zip(rows.chunks_exact_mut(ow)) {
+            for (x, h) in hmax.iter_mut().enumerate() {
                 let x0 = (x * sw) as isize - pw as isize;
-                let mut acc = T::neg_infinity();
-                for ky in 0..kh {
-                    let iy = y0 + (ky * dh) as isize;
-                    if iy < 0 || iy >= ih {
-                        continue;
+                if (x_lo..x_hi).contains(&x) {
+                    let x0 = x0 as usize;
+                    let mut acc = row[x0];
+                    for kx in 1..kw {
+                        acc = nan_max(acc, row[x0 + kx * dw]);
                     }
-                    let row = &src[iy as usize * p.in_w..][..p.in_w];
+                    *h = acc;
+                } else {
+                    let mut acc = T::neg_infinity();
                     for kx in 0..kw {
                         let ix = x0 + (kx * dw) as isize;
-                        if ix < 0 || ix >= iw {
-                            continue;
-                        }
-                        let v = row[ix as usize];
-                        // Once acc is NaN only another NaN can replace it, so
-                        // NaN sticks, as in PyTorch.
-                        if v > acc || v.is_nan() {
-                            acc = v;
+                        if ix >= 0 && (ix as usize) < iw {
+                            acc = nan_max(acc, row[ix as usize]);
                         }
                     }
+                    *h = acc;
                 }
-                dst[y * ow + x] = acc;
+            }
+        }
+        for (y, out) in dst.chunks_exact_mut(ow).enumerate() {
+            out.fill(T::neg_infinity());
+            let y0 = (y * sh) as isize - ph as isize;
+            for ky in 0..kh {
+                let iy = y0 + (ky * dh) as isize;
+                if iy < 0 || iy as usize >= ih {
+                    continue;
+                }
+                let hmax = &rows[iy as usize * ow..][..ow];
+                for (o, &v) in out.iter_mut().zip(hmax) {
+                    *o = nan_max(*o, v);
+                }
             }
         }
     });
