@@ -3,7 +3,8 @@ activations fused into the convolution or linear layer that feeds them.
 
 Both only fire when the producer's value has no other reader, so the
 rewritten network computes the same function. The algorithm the user chose
-for the convolution is still the one that runs.
+for the convolution is still the one that runs, and an activation that runs
+the user's C++ (``'custom'``) is never fused away.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import defaultdict
 
 import torch
 
+from . import _core
 from ._lowering import Alias, Lowerer, Step
 
 #: Activations a convolution or linear layer can apply to its own output.
@@ -65,8 +67,9 @@ def _fold(conv: Step, bn: Step) -> None:
         conv.args[2] = b.to(weight.dtype)
 
 
-def apply(lw: Lowerer) -> list[Step]:
-    """Folds and fuses in place; returns the steps that still run."""
+def apply(lw: Lowerer, algo_of: dict[int, str]) -> list[Step]:
+    """Folds and fuses in place; returns the steps that still run.
+    ``algo_of`` maps ``id(step)`` to the algorithm chosen for it."""
     steps = list(lw.steps)
     for bn in [s for s in steps if s.op == "batchnorm2d"]:
         conv = _producer(lw, steps, bn, ("conv2d",))
@@ -76,6 +79,9 @@ def apply(lw: Lowerer) -> list[Step]:
             steps.remove(bn)
     for act in [s for s in steps if s.op in FUSABLE]:
         prod = _producer(lw, steps, act, ("conv2d", "linear"))
+        # An activation that runs the user's C++ must stay a node of its own.
+        if _core.runs_custom(act.op, algo_of[id(act)]):
+            continue
         if prod is not None and "activation" not in prod.kwargs:
             kind, params = ("relu", []) if act.method == "relu" else (act.args[1], act.args[2])
             prod.kwargs["activation"] = (kind, params)

@@ -170,7 +170,7 @@ def convert(
     shapes = input_shapes_of_nodes(gm, sample_input_shape, getattr(torch, dtype_name))
     chosen = _select(lw, selectors, shapes)
     algo_of = {id(s): chosen[i] for i, s in enumerate(lw.steps)}
-    running = _fusion.apply(lw)
+    running = _fusion.apply(lw, algo_of)
 
     recipe = _Recipe(lw, dtype_name)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

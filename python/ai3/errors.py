@@ -12,6 +12,7 @@ __all__ = [
     "AlgorithmError",
     "SelectorError",
     "DeviceError",
+    "CustomError",
     "InternalError",
     "UnsupportedOperationError",
 ]
@@ -43,6 +44,11 @@ class SelectorError(Error, ValueError):
 
 class DeviceError(Error, RuntimeError):
     """A tensor lives on a device ai3 cannot use here."""
+
+
+class CustomError(Error, RuntimeError):
+    """The user's C++ implementation (algorithm ``'custom'``) threw an exception;
+    the message is the exception's ``what()``."""
 
 
 class InternalError(Error, RuntimeError):

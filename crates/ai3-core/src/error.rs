@@ -47,6 +47,14 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
+    /// The user's C++ implementation (`'custom'`) threw; the exception's message.
+    #[error("{op}: the custom C++ implementation failed: {msg}")]
+    Custom {
+        /// Operation name.
+        op: String,
+        /// The C++ exception's `what()`.
+        msg: String,
+    },
     /// A bug in ai3: an invariant did not hold. Reported instead of panicking.
     #[error("{op}: internal error: {msg}")]
     Internal {
@@ -61,6 +69,13 @@ impl Error {
     /// A [`Error::Shape`] error.
     pub fn shape(op: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::Shape {
+            op: op.into(),
+            msg: msg.into(),
+        }
+    }
+    /// A [`Error::Custom`] error.
+    pub fn custom(op: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Custom {
             op: op.into(),
             msg: msg.into(),
         }

@@ -532,6 +532,7 @@ fn with_node(e: Error, node: &str) -> Error {
         Error::InvalidArgument { op, msg } => Error::InvalidArgument { op, msg: at(msg) },
         Error::Algorithm { op, msg } => Error::Algorithm { op, msg: at(msg) },
         Error::Device { op, msg } => Error::Device { op, msg: at(msg) },
+        Error::Custom { op, msg } => Error::Custom { op, msg: at(msg) },
         Error::Internal { op, msg } => Error::Internal { op, msg: at(msg) },
     }
 }

@@ -10,6 +10,7 @@
 use std::fmt;
 
 use ai3_kernels::cpu::conv2d::{fft, winograd};
+use ai3_kernels::custom::{self, CustomOp};
 use ai3_kernels::params::{Conv2dParams, LinearParams};
 
 use crate::dtype::DType;
@@ -132,12 +133,6 @@ fn no_workspace(_: &Problem, _: DType) -> usize {
     0
 }
 
-fn custom_missing(op: OpKind) -> String {
-    format!(
-        "no custom {op} was compiled in: implement it in cpp_custom/{op}.cpp and rebuild ai3 from source"
-    )
-}
-
 fn winograd_supports(problem: &Problem) -> std::result::Result<(), String> {
     match problem {
         Problem::Conv2d(p) => winograd::check(p),
@@ -183,6 +178,23 @@ fn winograd_workspace(problem: &Problem, dtype: DType) -> usize {
     }
 }
 
+/// The registry row of the user's C++ `op` (`cpp_custom/<op>.cpp`): available
+/// once implemented, preferred by `'default'` when its header sets `DEFAULT_<OP>`.
+macro_rules! custom_row {
+    ($op:ident) => {
+        AlgorithmInfo {
+            op: OpKind::$op,
+            algorithm: Algorithm::Custom,
+            device: DeviceKind::Cpu,
+            summary: "the user's C++ implementation (cpp_custom/)",
+            available: || custom::implemented(CustomOp::$op),
+            supports: any_problem,
+            workspace_bytes: no_workspace,
+            preferred: |_| custom::is_default(CustomOp::$op),
+        }
+    };
+}
+
 macro_rules! row {
     ($op:ident, $algo:ident, $summary:expr) => {
         row!($op, $algo, $summary, always, any_problem, no_workspace)
@@ -207,6 +219,15 @@ macro_rules! row {
 /// Every algorithm ai3 knows, with the first available supporting entry per
 /// operation being what `'default'` picks on the CPU.
 pub static REGISTRY: &[AlgorithmInfo] = &[
+    // The user's C++ comes first so that `DEFAULT_<OP> = true` wins; `'default'`
+    // never falls back to it otherwise (see `resolve`).
+    custom_row!(Conv2d),
+    custom_row!(Linear),
+    custom_row!(Relu),
+    custom_row!(MaxPool2d),
+    custom_row!(AvgPool2d),
+    custom_row!(AdaptiveAvgPool2d),
+    custom_row!(Flatten),
     // Winograd comes first: where it applies (3x3, stride 1, dilation 1) it
     // does 2.25x fewer multiplications than im2col + GEMM and measures faster
     // on every VGG/ResNet-like shape but the 3-channel input layer, which it
@@ -243,23 +264,7 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
         fft_workspace,
         never
     ),
-    row!(
-        Conv2d,
-        Custom,
-        "the user's C++ conv2d from cpp_custom/",
-        || Err(custom_missing(OpKind::Conv2d)),
-        any_problem,
-        no_workspace
-    ),
     row!(Linear, Gemm, "blocked GEMM with the weight read transposed"),
-    row!(
-        Linear,
-        Custom,
-        "the user's C++ linear from cpp_custom/",
-        || Err(custom_missing(OpKind::Linear)),
-        any_problem,
-        no_workspace
-    ),
     row!(Relu, Direct, "elementwise max(x, 0)"),
     row!(MaxPool2d, Direct, "window maximum"),
     row!(AvgPool2d, Direct, "window mean"),
@@ -299,11 +304,13 @@ pub fn entries(op: OpKind, device: DeviceKind) -> impl Iterator<Item = &'static 
         .filter(move |e| e.op == op && e.device == device)
 }
 
-/// The names a user may select for `op`: every registered algorithm plus
-/// `'default'`, in registry order.
+/// The names a user may select for `op`: every registered algorithm (in
+/// registry order, ai3's own first), then `'custom'` where it exists, then `'default'`.
 pub fn selectable_names(op: OpKind) -> Vec<&'static str> {
     let mut names: Vec<&'static str> = Vec::new();
-    for e in REGISTRY.iter().filter(|e| e.op == op) {
+    let rows = REGISTRY.iter().filter(|e| e.op == op);
+    let (custom, own): (Vec<_>, Vec<_>) = rows.partition(|e| e.algorithm == Algorithm::Custom);
+    for e in own.into_iter().chain(custom) {
         if !names.contains(&e.algorithm.name()) {
             names.push(e.algorithm.name());
         }
@@ -347,6 +354,17 @@ impl Request {
     }
 }
 
+/// Whether `request` for `op` runs the user's C++: `'custom'`, or `'default'`
+/// when the op's header sets `DEFAULT_<OP>` and the function is implemented.
+pub fn runs_custom(op: OpKind, request: Request) -> bool {
+    match request {
+        Request::Named(a) => a == Algorithm::Custom,
+        Request::Default => op
+            .custom()
+            .is_some_and(|c| custom::is_default(c) && custom::implemented(c).is_ok()),
+    }
+}
+
 /// Resolves a request to the algorithm that will run on `device` for `problem`.
 pub fn resolve(
     op: OpKind,
@@ -384,10 +402,15 @@ pub fn resolve(
         Request::Default => {
             let usable =
                 |e: &&AlgorithmInfo| (e.available)().is_ok() && (e.supports)(problem).is_ok();
+            // Preference is checked first: it is cheap, and the user's C++ is
+            // probed only when its header asks to be the default.
             entries(op, device)
-                .filter(usable)
-                .find(|e| (e.preferred)(problem))
-                .or_else(|| entries(op, device).find(usable))
+                .find(|e| (e.preferred)(problem) && usable(e))
+                .or_else(|| {
+                    entries(op, device)
+                        .filter(|e| e.algorithm != Algorithm::Custom)
+                        .find(usable)
+                })
                 .map(|e| e.algorithm)
                 .ok_or_else(|| {
                     Error::algorithm(
@@ -501,6 +524,9 @@ mod tests {
         let err = resolve(OpKind::Conv2d, custom, DeviceKind::Cpu, &conv(3, 1))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("no custom conv2d was compiled in"), "{err}");
+        if custom::built_from_stock() {
+            assert!(err.contains("custom conv2d is not implemented"), "{err}");
+            assert!(err.contains("conv2d.cpp"), "{err}");
+        }
     }
 }

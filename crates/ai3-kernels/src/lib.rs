@@ -5,8 +5,12 @@
 //! contiguous slices and a parameter struct from [`params`]; they know nothing
 //! of graphs, tensors or Python, and they never allocate outputs: the caller
 //! passes a buffer of the right length.
+//!
+//! [`custom`] reaches the user's C++ implementations (`cpp_custom/`) through
+//! `cxx`, with the same slice-and-parameters interface.
 
 pub mod cpu;
+pub mod custom;
 pub mod float;
 pub mod params;
 

@@ -15,6 +15,7 @@ pub fn to_py(err: Error) -> PyErr {
         Error::InvalidArgument { .. } => "InvalidArgumentError",
         Error::Algorithm { .. } => "AlgorithmError",
         Error::Device { .. } => "DeviceError",
+        Error::Custom { .. } => "CustomError",
         Error::Internal { .. } => "InternalError",
     };
     let msg = err.to_string();

@@ -19,8 +19,13 @@ use crate::model::Model;
 /// Every registry row: op, algorithm, device, summary, and why it is unavailable (or None).
 #[pyfunction]
 fn algorithms(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
-    REGISTRY
-        .iter()
+    // Grouped by operation, ai3's own algorithms before the user's C++.
+    let mut rows: Vec<_> = REGISTRY.iter().collect();
+    rows.sort_by_key(|e| {
+        let op = OpKind::ALL.iter().position(|&o| o == e.op);
+        (op, e.algorithm == registry::Algorithm::Custom)
+    });
+    rows.into_iter()
         .map(|e| {
             let d = PyDict::new(py);
             d.set_item("op", e.op.name())?;
@@ -48,6 +53,15 @@ fn check_algorithm(op: &str, algorithm: &str) -> PyResult<()> {
     let kind = OpKind::from_name(op)
         .ok_or_else(|| to_py(Error::invalid(op, format!("unknown operation '{op}'"))))?;
     parse_request(kind, algorithm).map(|_| ())
+}
+
+/// Whether `algorithm` for `op` runs the user's C++: `'custom'`, or `'default'`
+/// when the op's header sets `DEFAULT_<OP>` and the function is implemented.
+#[pyfunction]
+fn runs_custom(op: &str, algorithm: &str) -> PyResult<bool> {
+    let kind = OpKind::from_name(op)
+        .ok_or_else(|| to_py(Error::invalid(op, format!("unknown operation '{op}'"))))?;
+    Ok(registry::runs_custom(kind, parse_request(kind, algorithm)?))
 }
 
 /// Imports a tensor through DLPack and copies it into ai3-owned memory.
@@ -85,6 +99,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
     m.add_function(wrap_pyfunction!(selectable, m)?)?;
     m.add_function(wrap_pyfunction!(check_algorithm, m)?)?;
+    m.add_function(wrap_pyfunction!(runs_custom, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_roundtrip, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;

@@ -151,8 +151,10 @@ impl Model {
 
     /// Adds a ReLU reading value `x`.
     fn relu(&mut self, name: &str, x: ValueId, algorithm: &str) -> PyResult<ValueId> {
-        parse_request(OpKind::Relu, algorithm)?;
-        self.push(name, vec![x], || Activation::new(ActivationKind::Relu))
+        let request = parse_request(OpKind::Relu, algorithm)?;
+        self.push(name, vec![x], || {
+            Activation::new(ActivationKind::Relu)?.with_request(request)
+        })
     }
 
     /// Adds an elementwise activation `kind` (`relu`, `relu6`, `hardtanh`, `hardswish`,
@@ -167,8 +169,10 @@ impl Model {
         algorithm: &str,
     ) -> PyResult<ValueId> {
         let kind = ActivationKind::from_name(kind, &params).map_err(to_py)?;
-        parse_request(kind.op_kind(), algorithm)?;
-        self.push(name, vec![x], || Activation::new(kind))
+        let request = parse_request(kind.op_kind(), algorithm)?;
+        self.push(name, vec![x], || {
+            Activation::new(kind)?.with_request(request)
+        })
     }
 
     /// Adds `add`/`sub`/`mul`/`div` of two broadcast values, or of one value and
@@ -280,7 +284,7 @@ impl Model {
         ceil_mode: bool,
         algorithm: &str,
     ) -> PyResult<ValueId> {
-        parse_request(OpKind::MaxPool2d, algorithm)?;
+        let request = parse_request(OpKind::MaxPool2d, algorithm)?;
         let window = ai3_core::ops::Window {
             kernel,
             stride,
@@ -288,7 +292,9 @@ impl Model {
             dilation,
             ceil_mode,
         };
-        self.push(name, vec![x], || MaxPool2d::new(window))
+        self.push(name, vec![x], || {
+            MaxPool2d::new(window)?.with_request(request)
+        })
     }
 
     /// Adds average pooling reading value `x`.
@@ -306,7 +312,7 @@ impl Model {
         divisor_override: Option<usize>,
         algorithm: &str,
     ) -> PyResult<ValueId> {
-        parse_request(OpKind::AvgPool2d, algorithm)?;
+        let request = parse_request(OpKind::AvgPool2d, algorithm)?;
         let window = ai3_core::ops::Window {
             kernel,
             stride,
@@ -318,7 +324,9 @@ impl Model {
             count_include_pad,
             divisor_override,
         };
-        self.push(name, vec![x], || AvgPool2d::new(window, options))
+        self.push(name, vec![x], || {
+            AvgPool2d::new(window, options)?.with_request(request)
+        })
     }
 
     /// Adds adaptive average pooling reading value `x`; `None` keeps an input dimension.
@@ -329,8 +337,10 @@ impl Model {
         output_size: (Option<usize>, Option<usize>),
         algorithm: &str,
     ) -> PyResult<ValueId> {
-        parse_request(OpKind::AdaptiveAvgPool2d, algorithm)?;
-        self.push(name, vec![x], || AdaptiveAvgPool2d::new(output_size))
+        let request = parse_request(OpKind::AdaptiveAvgPool2d, algorithm)?;
+        self.push(name, vec![x], || {
+            AdaptiveAvgPool2d::new(output_size)?.with_request(request)
+        })
     }
 
     /// Adds adaptive max pooling reading value `x`; `None` keeps an input dimension.
@@ -341,8 +351,10 @@ impl Model {
         output_size: (Option<usize>, Option<usize>),
         algorithm: &str,
     ) -> PyResult<ValueId> {
-        parse_request(OpKind::AdaptiveMaxPool2d, algorithm)?;
-        self.push(name, vec![x], || AdaptiveMaxPool2d::new(output_size))
+        let request = parse_request(OpKind::AdaptiveMaxPool2d, algorithm)?;
+        self.push(name, vec![x], || {
+            AdaptiveMaxPool2d::new(output_size)?.with_request(request)
+        })
     }
 
     /// Adds a flatten of dimensions `start_dim..=end_dim` of value `x`.
@@ -354,8 +366,10 @@ impl Model {
         end_dim: i64,
         algorithm: &str,
     ) -> PyResult<ValueId> {
-        parse_request(OpKind::Flatten, algorithm)?;
-        self.push(name, vec![x], || Ok(Flatten::new(start_dim, end_dim)))
+        let request = parse_request(OpKind::Flatten, algorithm)?;
+        self.push(name, vec![x], || {
+            Flatten::new(start_dim, end_dim).with_request(request)
+        })
     }
 
     /// Adds `x.mean(dims, keepdim)` (no dims: every dimension).

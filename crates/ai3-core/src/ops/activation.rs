@@ -2,11 +2,12 @@
 //! [`ActivationKind`] that convolution and linear layers fuse as an epilogue.
 
 use ai3_kernels::cpu::activation::{map, map_inplace, scalar};
+use ai3_kernels::custom;
 use ai3_kernels::Float;
 
-use super::{check_not_empty, single, with_dtype, Operation};
+use super::{check_not_empty, custom_result, simple_algorithm, single, with_dtype, Operation};
 use crate::error::{Error, Result};
-use crate::registry::{Algorithm, OpKind};
+use crate::registry::{Algorithm, OpKind, Request};
 use crate::tensor::Tensor;
 
 /// Which activation, with its parameters.
@@ -183,13 +184,23 @@ impl ActivationKind {
 #[derive(Debug, Clone, Copy)]
 pub struct Activation {
     kind: ActivationKind,
+    algorithm: Algorithm,
 }
 
 impl Activation {
     /// Wraps an activation (rejects `hardtanh` with `min_val > max_val`).
     pub fn new(kind: ActivationKind) -> Result<Self> {
         kind.check()?;
-        Ok(Activation { kind })
+        Ok(Activation {
+            kind,
+            algorithm: Algorithm::Direct,
+        })
+    }
+
+    /// Runs the algorithm `request` resolves to (`'custom'` exists for relu only).
+    pub fn with_request(mut self, request: Request) -> Result<Self> {
+        self.algorithm = simple_algorithm(self.kind.op_kind(), request)?;
+        Ok(self)
     }
 
     /// The activation computed.
@@ -203,7 +214,7 @@ impl Operation for Activation {
         self.kind.op_kind()
     }
     fn algorithm_for(&self, _: &[usize]) -> Result<String> {
-        Ok(Algorithm::Direct.name().into())
+        Ok(self.algorithm.name().into())
     }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         let x = single(self.kind(), inputs)?;
@@ -213,8 +224,13 @@ impl Operation for Activation {
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(self.kind(), inputs)?;
         with_dtype!(x.dtype(), T, {
-            self.kind
-                .apply_to::<T>(x.as_slice()?, output.as_mut_slice()?)
+            let (src, dst) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
+            match (self.algorithm, self.kind) {
+                (Algorithm::Custom, ActivationKind::Relu) => {
+                    custom_result(self.kind(), x.shape(), custom::relu(x.shape(), src, dst))?
+                }
+                _ => self.kind.apply_to::<T>(src, dst),
+            }
         });
         Ok(())
     }

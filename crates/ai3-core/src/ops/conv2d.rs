@@ -6,10 +6,11 @@ use std::sync::OnceLock;
 use ai3_kernels::cpu::conv2d::{direct, fft, gemm, smm, winograd};
 use ai3_kernels::cpu::pad::pad2d;
 pub use ai3_kernels::cpu::pad::PadMode;
+use ai3_kernels::custom;
 use ai3_kernels::params::{Conv2dParams, Padding2d};
 
 use super::{
-    check_positive, check_weight_dtype, image_dims, image_shape, single, with_dtype,
+    check_positive, check_weight_dtype, custom_result, image_dims, image_shape, single, with_dtype,
     ActivationKind, Operation,
 };
 use crate::error::{Error, Result};
@@ -241,10 +242,8 @@ impl Conv2d {
                 winograd::conv2d(p, x, filter.as_slice::<T>()?, b, out)
             }
             Algorithm::Custom => {
-                return Err(Error::algorithm(
-                    OP.name(),
-                    "no custom conv2d was compiled in",
-                ));
+                let shape = [p.batch, p.in_channels, p.in_h, p.in_w];
+                custom_result(OP, &shape, custom::conv2d(p, x, w, b, out))?
             }
         }
         Ok(())

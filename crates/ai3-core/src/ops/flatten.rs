@@ -1,8 +1,10 @@
 //! Flatten.
 
-use super::{single, with_dtype, Operation};
+use ai3_kernels::custom;
+
+use super::{custom_result, simple_algorithm, single, with_dtype, Operation};
 use crate::error::{Error, Result};
-use crate::registry::{Algorithm, OpKind};
+use crate::registry::{Algorithm, OpKind, Request};
 use crate::tensor::{shape_str, Tensor};
 
 /// Merges dimensions `start_dim..=end_dim` into one (negative dims count from the end).
@@ -10,12 +12,41 @@ use crate::tensor::{shape_str, Tensor};
 pub struct Flatten {
     start_dim: i64,
     end_dim: i64,
+    algorithm: Algorithm,
 }
 
 impl Flatten {
     /// PyTorch's `torch.flatten(x, start_dim, end_dim)`.
     pub fn new(start_dim: i64, end_dim: i64) -> Self {
-        Flatten { start_dim, end_dim }
+        Flatten {
+            start_dim,
+            end_dim,
+            algorithm: Algorithm::Direct,
+        }
+    }
+
+    /// Runs the algorithm `request` resolves to.
+    pub fn with_request(mut self, request: Request) -> Result<Self> {
+        self.algorithm = simple_algorithm(OpKind::Flatten, request)?;
+        Ok(self)
+    }
+
+    /// `(start, end)` normalised for input of `shape`, checked to be in order.
+    fn dims(&self, shape: &[usize]) -> Result<(usize, usize)> {
+        let start = normalize(self.start_dim, shape.len(), shape)?;
+        let end = normalize(self.end_dim, shape.len(), shape)?;
+        if start > end {
+            return Err(Error::invalid(
+                OpKind::Flatten.name(),
+                format!(
+                    "start_dim {} comes after end_dim {} for input of shape {}",
+                    self.start_dim,
+                    self.end_dim,
+                    shape_str(shape)
+                ),
+            ));
+        }
+        Ok((start, end))
     }
 }
 
@@ -40,23 +71,11 @@ impl Operation for Flatten {
         OpKind::Flatten
     }
     fn algorithm_for(&self, _: &[usize]) -> Result<String> {
-        Ok(Algorithm::Direct.name().into())
+        Ok(self.algorithm.name().into())
     }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         let x = single(OpKind::Flatten, inputs)?;
-        let start = normalize(self.start_dim, x.len(), x)?;
-        let end = normalize(self.end_dim, x.len(), x)?;
-        if start > end {
-            return Err(Error::invalid(
-                OpKind::Flatten.name(),
-                format!(
-                    "start_dim {} comes after end_dim {} for input of shape {}",
-                    self.start_dim,
-                    self.end_dim,
-                    shape_str(x)
-                ),
-            ));
-        }
+        let (start, end) = self.dims(x)?;
         if x.is_empty() {
             return Ok(vec![1]);
         }
@@ -68,9 +87,24 @@ impl Operation for Flatten {
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::Flatten, inputs)?;
         with_dtype!(x.dtype(), T, {
-            output
-                .as_mut_slice::<T>()?
-                .copy_from_slice(x.as_slice::<T>()?)
+            let out_shape = output.shape().to_vec();
+            let (src, dst) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
+            match self.algorithm {
+                Algorithm::Custom => {
+                    let (start, end) = self.dims(x.shape())?;
+                    let in_shape: &[usize] = if x.shape().is_empty() {
+                        &[1]
+                    } else {
+                        x.shape()
+                    };
+                    custom_result(
+                        OpKind::Flatten,
+                        x.shape(),
+                        custom::flatten(in_shape, start, end, src, &out_shape, dst),
+                    )?
+                }
+                _ => dst.copy_from_slice(src),
+            }
         });
         Ok(())
     }

@@ -1,9 +1,13 @@
 //! Fully connected layer over the last dimension.
 
 use ai3_kernels::cpu::linear;
+use ai3_kernels::custom;
 use ai3_kernels::params::LinearParams;
 
-use super::{check_not_empty, check_weight_dtype, single, with_dtype, ActivationKind, Operation};
+use super::{
+    check_not_empty, check_weight_dtype, custom_result, single, with_dtype, ActivationKind,
+    Operation,
+};
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
@@ -130,25 +134,31 @@ impl Operation for Linear {
         let x = single(OP, inputs)?;
         check_weight_dtype(OP, "input", x, self.weight.dtype())?;
         let p = self.params_for(x.shape())?;
-        match self.algorithm(&p)? {
-            Algorithm::Gemm => with_dtype!(x.dtype(), T, {
-                let b = match &self.bias {
-                    Some(b) => Some(b.as_slice::<T>()?),
-                    None => None,
-                };
-                let out = output.as_mut_slice()?;
-                linear::gemm::<T>(&p, x.as_slice()?, self.weight.as_slice()?, b, out);
-                if let Some(a) = self.activation {
-                    a.apply_inplace::<T>(out);
+        let algorithm = self.algorithm(&p)?;
+        with_dtype!(x.dtype(), T, {
+            let b = match &self.bias {
+                Some(b) => Some(b.as_slice::<T>()?),
+                None => None,
+            };
+            let (w, out) = (self.weight.as_slice::<T>()?, output.as_mut_slice::<T>()?);
+            match algorithm {
+                Algorithm::Gemm => linear::gemm::<T>(&p, x.as_slice()?, w, b, out),
+                Algorithm::Custom => custom_result(
+                    OP,
+                    x.shape(),
+                    custom::linear::<T>(&p, x.as_slice()?, w, b, out),
+                )?,
+                other => {
+                    return Err(Error::algorithm(
+                        OP.name(),
+                        format!("algorithm '{other}' is not implemented"),
+                    ))
                 }
-            }),
-            other => {
-                return Err(Error::algorithm(
-                    OP.name(),
-                    format!("algorithm '{other}' is not implemented"),
-                ))
             }
-        }
+            if let Some(a) = self.activation {
+                a.apply_inplace::<T>(out);
+            }
+        });
         Ok(())
     }
 }

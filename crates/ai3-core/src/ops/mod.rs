@@ -3,9 +3,11 @@
 
 use std::fmt;
 
+use ai3_kernels::custom::CustomError;
+
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::registry::OpKind;
+use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
 
 mod activation;
@@ -180,4 +182,38 @@ pub(crate) fn check_positive(op: OpKind, what: &str, values: &[usize]) -> Result
         ));
     }
     Ok(())
+}
+
+/// The algorithm that runs `request` for an operation whose built-in
+/// algorithms accept every input (all but conv2d and linear), validated so a
+/// bad request fails when the model is built.
+pub(crate) fn simple_algorithm(op: OpKind, request: Request) -> Result<Algorithm> {
+    registry::resolve(
+        op,
+        request,
+        DeviceKind::Cpu,
+        &Problem::Elementwise { numel: 1 },
+    )
+}
+
+/// Maps what the user's C++ kernel reported to ai3's errors, naming the input shape.
+pub(crate) fn custom_result(
+    op: OpKind,
+    shape: &[usize],
+    result: std::result::Result<(), CustomError>,
+) -> Result<()> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(CustomError::NotImplemented) => Err(Error::algorithm(
+            op.name(),
+            format!(
+                "the custom implementation threw ai3::NotImplemented for input of shape {}",
+                shape_str(shape)
+            ),
+        )),
+        Err(CustomError::Failed(msg)) => Err(Error::custom(
+            op.name(),
+            format!("{msg} (input of shape {})", shape_str(shape)),
+        )),
+    }
 }

@@ -1,11 +1,15 @@
 //! 2-D pooling: maximum, average and adaptive average.
 
 use ai3_kernels::cpu::pool;
+use ai3_kernels::custom::{self, CustomError};
 use ai3_kernels::params::{AdaptivePool2dParams, AvgPoolOptions, Pool2dParams};
 
-use super::{check_positive, image_dims, image_shape, single, with_dtype, Operation};
+use super::{
+    check_positive, custom_result, image_dims, image_shape, simple_algorithm, single, with_dtype,
+    Operation,
+};
 use crate::error::{Error, Result};
-use crate::registry::{Algorithm, OpKind};
+use crate::registry::{Algorithm, OpKind, Request};
 use crate::tensor::{shape_str, Tensor};
 
 /// Window geometry shared by max and average pooling.
@@ -89,13 +93,23 @@ impl Window {
 #[derive(Debug)]
 pub struct MaxPool2d {
     window: Window,
+    algorithm: Algorithm,
 }
 
 impl MaxPool2d {
     /// PyTorch's `nn.MaxPool2d`.
     pub fn new(window: Window) -> Result<Self> {
         window.check(OpKind::MaxPool2d)?;
-        Ok(MaxPool2d { window })
+        Ok(MaxPool2d {
+            window,
+            algorithm: Algorithm::Direct,
+        })
+    }
+
+    /// Runs the algorithm `request` resolves to.
+    pub fn with_request(mut self, request: Request) -> Result<Self> {
+        self.algorithm = simple_algorithm(OpKind::MaxPool2d, request)?;
+        Ok(self)
     }
 }
 
@@ -104,7 +118,7 @@ impl Operation for MaxPool2d {
         OpKind::MaxPool2d
     }
     fn algorithm_for(&self, _: &[usize]) -> Result<String> {
-        Ok(Algorithm::Direct.name().into())
+        Ok(self.algorithm.name().into())
     }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         self.window
@@ -113,11 +127,17 @@ impl Operation for MaxPool2d {
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::MaxPool2d, inputs)?;
         let (p, _) = self.window.params(OpKind::MaxPool2d, x.shape())?;
-        with_dtype!(
-            x.dtype(),
-            T,
-            pool::maxpool2d::<T>(&p, x.as_slice()?, output.as_mut_slice()?)
-        );
+        with_dtype!(x.dtype(), T, {
+            let (src, dst) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
+            match self.algorithm {
+                Algorithm::Custom => custom_result(
+                    OpKind::MaxPool2d,
+                    x.shape(),
+                    custom::maxpool2d(&p, src, dst),
+                )?,
+                _ => pool::maxpool2d::<T>(&p, src, dst),
+            }
+        });
         Ok(())
     }
 }
@@ -127,6 +147,7 @@ impl Operation for MaxPool2d {
 pub struct AvgPool2d {
     window: Window,
     options: AvgPoolOptions,
+    algorithm: Algorithm,
 }
 
 impl AvgPool2d {
@@ -143,7 +164,17 @@ impl AvgPool2d {
                 "divisor_override must be non-zero",
             ));
         }
-        Ok(AvgPool2d { window, options })
+        Ok(AvgPool2d {
+            window,
+            options,
+            algorithm: Algorithm::Direct,
+        })
+    }
+
+    /// Runs the algorithm `request` resolves to.
+    pub fn with_request(mut self, request: Request) -> Result<Self> {
+        self.algorithm = simple_algorithm(OpKind::AvgPool2d, request)?;
+        Ok(self)
     }
 }
 
@@ -152,7 +183,7 @@ impl Operation for AvgPool2d {
         OpKind::AvgPool2d
     }
     fn algorithm_for(&self, _: &[usize]) -> Result<String> {
-        Ok(Algorithm::Direct.name().into())
+        Ok(self.algorithm.name().into())
     }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         self.window
@@ -161,11 +192,17 @@ impl Operation for AvgPool2d {
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::AvgPool2d, inputs)?;
         let (p, _) = self.window.params(OpKind::AvgPool2d, x.shape())?;
-        with_dtype!(
-            x.dtype(),
-            T,
-            pool::avgpool2d::<T>(&p, &self.options, x.as_slice()?, output.as_mut_slice()?)
-        );
+        with_dtype!(x.dtype(), T, {
+            let (src, dst) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
+            match self.algorithm {
+                Algorithm::Custom => custom_result(
+                    OpKind::AvgPool2d,
+                    x.shape(),
+                    custom::avgpool2d(&p, &self.options, src, dst),
+                )?,
+                _ => pool::avgpool2d::<T>(&p, &self.options, src, dst),
+            }
+        });
         Ok(())
     }
 }
@@ -201,20 +238,28 @@ fn adaptive_params(
     ))
 }
 
-/// Defines an adaptive pooling operation over `$kernel`.
+/// Defines an adaptive pooling operation over `$kernel`, with `$custom` the
+/// user's C++ version where the registry has one.
 macro_rules! adaptive_pool {
-    ($(#[$doc:meta])* $name:ident, $op:expr, $kernel:path) => {
+    ($(#[$doc:meta])* $name:ident, $op:expr, $kernel:path, $custom:path) => {
         $(#[$doc])*
         #[derive(Debug)]
         pub struct $name {
             output_size: OutputSize,
+            algorithm: Algorithm,
         }
 
         impl $name {
             /// The layer; `None` in `output_size` keeps that input dimension.
             pub fn new(output_size: OutputSize) -> Result<Self> {
                 check_output_size($op, output_size)?;
-                Ok($name { output_size })
+                Ok($name { output_size, algorithm: Algorithm::Direct })
+            }
+
+            /// Runs the algorithm `request` resolves to.
+            pub fn with_request(mut self, request: Request) -> Result<Self> {
+                self.algorithm = simple_algorithm($op, request)?;
+                Ok(self)
             }
         }
 
@@ -223,7 +268,7 @@ macro_rules! adaptive_pool {
                 $op
             }
             fn algorithm_for(&self, _: &[usize]) -> Result<String> {
-                Ok(Algorithm::Direct.name().into())
+                Ok(self.algorithm.name().into())
             }
             fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
                 let (p, batched) = adaptive_params($op, self.output_size, single($op, inputs)?)?;
@@ -232,11 +277,13 @@ macro_rules! adaptive_pool {
             fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
                 let x = single($op, inputs)?;
                 let (p, _) = adaptive_params($op, self.output_size, x.shape())?;
-                with_dtype!(
-                    x.dtype(),
-                    T,
-                    $kernel(&p, x.as_slice::<T>()?, output.as_mut_slice::<T>()?)
-                );
+                with_dtype!(x.dtype(), T, {
+                    let (src, dst) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
+                    match self.algorithm {
+                        Algorithm::Custom => custom_result($op, x.shape(), $custom(&p, src, dst))?,
+                        _ => $kernel(&p, src, dst),
+                    }
+                });
                 Ok(())
             }
         }
@@ -247,7 +294,8 @@ adaptive_pool!(
     /// Average pooling to a fixed output size (PyTorch's `nn.AdaptiveAvgPool2d`).
     AdaptiveAvgPool2d,
     OpKind::AdaptiveAvgPool2d,
-    pool::adaptive_avgpool2d
+    pool::adaptive_avgpool2d,
+    custom::adaptiveavgpool2d
 );
 
 adaptive_pool!(
@@ -255,5 +303,17 @@ adaptive_pool!(
     /// values only); NaN propagates.
     AdaptiveMaxPool2d,
     OpKind::AdaptiveMaxPool2d,
-    pool::adaptive_maxpool2d
+    pool::adaptive_maxpool2d,
+    no_custom
 );
+
+/// For operations without a `'custom'` registry row, which never resolve to it.
+fn no_custom<T>(
+    _: &AdaptivePool2dParams,
+    _: &[T],
+    _: &mut [T],
+) -> std::result::Result<(), CustomError> {
+    Err(CustomError::Failed(
+        "this operation has no custom C++ implementation".into(),
+    ))
+}

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use ai3_kernels::custom::CustomOp;
+
 /// The operations ai3 implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpKind {
@@ -64,6 +66,11 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// The user-written C++ operation behind this kind's `'custom'` algorithm, if it has one.
+    pub fn custom(self) -> Option<CustomOp> {
+        CustomOp::ALL.into_iter().find(|c| c.name() == self.name())
+    }
+
     /// Every operation, in the order they are documented.
     pub const ALL: [OpKind; 28] = [
         OpKind::Conv2d,
