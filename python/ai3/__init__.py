@@ -13,6 +13,7 @@ function of the module (and its input shape).
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import testing  # the correctness suite behind ``python -m ai3 test``
 from .algorithms import (
     DEFAULT_ALGOS,
     OPERATIONS,
@@ -83,6 +84,7 @@ __all__ = [
     "swap_maxpool2d",
     "swap_operation",
     "swap_relu",
+    "testing",
     "using_cublas",
     "using_cudnn",
     "using_mps_and_metal",

@@ -1,6 +1,8 @@
 """Command line: ``python -m ai3 demo`` converts and swaps small networks and
 reports, per layer, the algorithm used and the agreement with PyTorch;
-``python -m ai3 algorithms`` lists the algorithm registry."""
+``python -m ai3 algorithms`` lists the algorithm registry;
+``python -m ai3 test [--op OP ...] [--algorithm ALGO ...] [--dtype float32|float64]
+[--quick] [-v]`` runs the correctness suite (:mod:`ai3.testing`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from torch import nn
 
 import ai3
+from ai3 import testing
 
 
 class ConvNet(nn.Module):
@@ -78,8 +81,16 @@ def algorithms() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ai3``."""
     parser = argparse.ArgumentParser(prog="python -m ai3", description=__doc__)
-    parser.add_argument("command", choices=["demo", "algorithms"])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    commands.add_parser("demo", help="convert and swap small networks, compare with PyTorch")
+    commands.add_parser("algorithms", help="list the algorithm registry")
+    test = commands.add_parser(
+        "test", help="run the correctness suite", description=testing.DESCRIPTION
+    )
+    testing.add_arguments(test)
     args = parser.parse_args(argv)
+    if args.command == "test":
+        return testing.run_cli(args)
     return demo() if args.command == "demo" else algorithms()
 
 
