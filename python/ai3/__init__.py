@@ -27,6 +27,7 @@ from .algorithms import (
 from .convert import convert, swap_backend
 from .errors import (
     AlgorithmError,
+    CustomError,
     DeviceError,
     DtypeError,
     Error,
@@ -57,6 +58,7 @@ except PackageNotFoundError:  # running from a source tree without installing
 
 __all__ = [
     "AlgorithmError",
+    "CustomError",
     "AlgorithmicSelector",
     "DEFAULT_ALGOS",
     "DeviceError",

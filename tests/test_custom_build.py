@@ -1,0 +1,221 @@
+"""Builds ai3 from source with user C++ (``AI3_CUSTOM_DIR``) and checks the result
+in a fresh virtual environment that has torch but no Rust toolchain on its PATH.
+
+These tests run ``maturin build --release``, so they take minutes; they share one
+cargo target directory so only ai3's own crates are recompiled between builds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "custom_conv2d"
+
+pytestmark = pytest.mark.slow
+
+if shutil.which("cargo") is None:
+    pytest.skip("building ai3 from source needs cargo on PATH", allow_module_level=True)
+
+
+def build_wheel(out: Path, custom_dir: Path | None, *extra: str) -> subprocess.CompletedProcess:
+    """``maturin build --release`` into ``out``; output captured, never raises on failure."""
+    env = dict(os.environ, CARGO_TARGET_DIR=str(REPO / "target"))
+    env.pop("AI3_CUSTOM_DIR", None)
+    if custom_dir is not None:
+        env["AI3_CUSTOM_DIR"] = str(custom_dir)
+    cmd = [sys.executable, "-m", "maturin", "build", "--release", "-o", str(out)]
+    cmd += ["-i", sys.executable, *extra]
+    return subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600, check=False
+    )
+
+
+def no_rust_path(venv: Path) -> str:
+    """The venv's bin, then the current PATH minus every directory holding cargo or rustc."""
+    keep = [
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not any((Path(p) / tool).exists() for tool in ("cargo", "rustc", "rustup"))
+    ]
+    path = os.pathsep.join([str(venv / "bin"), *keep])
+    assert shutil.which("cargo", path=path) is None
+    assert shutil.which("rustc", path=path) is None
+    return path
+
+
+def fresh_venv(where: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
+    """A venv seeing the system's torch, with ``wheel`` installed; returns (python, env)."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", str(where)], check=True
+    )
+    python = where / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CARGO", "RUST"))}
+    env["PATH"] = no_rust_path(where)
+    env.pop("AI3_CUSTOM_DIR", None)
+    return python, env
+
+
+def run_in(python: Path, env: dict[str, str], code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(python), "-c", textwrap.dedent(code)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def only_wheel(out: Path) -> Path:
+    wheels = list(out.glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+# The user's directory for the main test: the worked example with DEFAULT_CONV2D
+# switched on, plus a relu that throws a std::exception and a linear that throws
+# something else, to check both reach Python as exceptions.
+THROWING_RELU = """
+#include "relu.hpp"
+#include <stdexcept>
+void ai3::custom::relu(const ai3::Tensor &input, ai3::Tensor &) {
+    throw std::runtime_error("relu says no to " + std::to_string(input.numel()) + " elements");
+}
+"""
+THROWING_LINEAR = """
+#include "linear.hpp"
+void ai3::custom::linear(const ai3::Tensor &, const ai3::Tensor &, const ai3::Tensor *,
+                         ai3::Tensor &) {
+    throw 42;
+}
+"""
+
+CHECK_CUSTOM = """
+import copy, sys
+import ai3, torch
+from torch import nn
+
+assert ai3.__file__.startswith(sys.prefix), (ai3.__file__, sys.prefix)
+torch.manual_seed(0)
+net = nn.Sequential(
+    nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+    nn.Conv2d(8, 6, (3, 1), stride=(2, 1), padding=(1, 0), dilation=(1, 1), groups=2),
+    # An even kernel with padding="same" pads unevenly: ai3 applies that padding first.
+    nn.Conv2d(6, 6, 2, padding="same", groups=6, bias=False),
+    nn.Flatten(), nn.Linear(6 * 4 * 8, 5),
+).eval()
+x = torch.randn(2, 3, 8, 8)
+ref = net(x)
+tol = dict(atol=1e-4 * max(1.0, ref.abs().max().item()), rtol=1e-4)
+for selector in ["custom", "default"]:
+    model = ai3.convert(net, {"conv2d": selector}, sample_input_shape=x.shape)
+    algos = [r["algorithm"] for r in model.summary() if r["op"] == "conv2d"]
+    assert algos == ["custom"] * 3, (selector, algos)
+    torch.testing.assert_close(model(x), ref, **tol)
+    swapped = copy.deepcopy(net)
+    ai3.swap_conv2d(swapped, selector)
+    torch.testing.assert_close(swapped(x), ref, **tol)
+    # f64 and an unbatched input go through the same C++.
+    m64 = ai3.convert(net.double(), {"conv2d": selector})
+    torch.testing.assert_close(m64(x.double()), ref.double(), atol=1e-3, rtol=1e-3)
+    net.float()
+    torch.testing.assert_close(ai3.convert(net[:1], {"conv2d": selector})(x[0]), net[:1](x[0]), **tol)
+
+# Built-in algorithms stay selectable next to the user's.
+direct = ai3.convert(net, {"conv2d": "direct"})
+torch.testing.assert_close(direct(x), ref, **tol)
+
+try:
+    ai3.convert(nn.Sequential(nn.ReLU()), {"relu": "custom"})(x)
+except ai3.CustomError as e:
+    assert "relu says no to 384 elements" in str(e), e
+else:
+    raise AssertionError("relu did not raise")
+try:
+    ai3.convert(nn.Sequential(nn.Linear(4, 2)), {"linear": "custom"})(torch.randn(3, 4))
+except ai3.CustomError as e:
+    assert "not a std::exception" in str(e), e
+else:
+    raise AssertionError("linear did not raise")
+try:
+    ai3.convert(nn.Sequential(nn.MaxPool2d(2)), {"maxpool2d": "custom"})
+except ai3.AlgorithmError as e:
+    assert "custom maxpool2d is not implemented" in str(e) and "maxpool2d.cpp" in str(e), e
+else:
+    raise AssertionError("maxpool2d custom was accepted")
+print("custom checks passed")
+"""
+
+
+def test_custom_example_builds_and_matches_pytorch(tmp_path):
+    custom = tmp_path / "my_impls"
+    shutil.copytree(EXAMPLE, custom)
+    header = custom / "conv2d.hpp"
+    text = header.read_text()
+    assert "inline constexpr bool DEFAULT_CONV2D = false;" in text
+    header.write_text(text.replace("DEFAULT_CONV2D = false", "DEFAULT_CONV2D = true"))
+    (custom / "relu.cpp").write_text(THROWING_RELU)
+    (custom / "linear.cpp").write_text(THROWING_LINEAR)
+
+    built = build_wheel(tmp_path / "dist", custom)
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-8000:]
+    python, env = fresh_venv(tmp_path / "venv", only_wheel(tmp_path / "dist"))
+
+    checked = run_in(python, env, CHECK_CUSTOM, tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "custom checks passed" in checked.stdout
+
+    suite = subprocess.run(
+        [str(python), "-m", "ai3", "test", "--op", "conv2d", "--algorithm", "custom", "--quick"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert suite.returncode == 0, suite.stdout + suite.stderr
+    assert "failed" in suite.stdout and " 0 failed" in suite.stdout, suite.stdout
+
+
+def test_cpp_compile_error_reaches_the_user(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "conv2d.cpp").write_text(
+        '#include "conv2d.hpp"\n'
+        "namespace ai3::custom {\n"
+        "void conv2d(const Tensor &, const Tensor &, const Tensor *, std::int64_t, std::int64_t,\n"
+        "            std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,\n"
+        "            Tensor &) {\n"
+        "    undeclared_identifier_for_the_test = 1;\n"
+        "}\n"
+        "}\n"
+    )
+    built = build_wheel(tmp_path / "dist", broken)
+    out = built.stdout + built.stderr
+    assert built.returncode != 0
+    assert "undeclared_identifier_for_the_test" in out, out[-8000:]
+    assert "conv2d.cpp" in out and "error" in out, out[-8000:]
+    assert not list(tmp_path.glob("dist/*.whl"))
+
+
+def test_missing_custom_dir_is_a_clear_build_error(tmp_path):
+    built = build_wheel(tmp_path / "dist", tmp_path / "does_not_exist")
+    assert built.returncode != 0
+    out = built.stdout + built.stderr
+    assert "AI3_CUSTOM_DIR" in out and "does_not_exist" in out and "is not a directory" in out, out[
+        -4000:
+    ]
