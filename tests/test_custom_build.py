@@ -53,9 +53,7 @@ def no_rust_path(venv: Path) -> str:
 
 def fresh_venv(where: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
     """A venv seeing the system's torch, with ``wheel`` installed; returns (python, env)."""
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", str(where)], check=True
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(where)], check=True)
     python = where / "bin" / "python"
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
@@ -219,3 +217,88 @@ def test_missing_custom_dir_is_a_clear_build_error(tmp_path):
     assert "AI3_CUSTOM_DIR" in out and "does_not_exist" in out and "is not a directory" in out, out[
         -4000:
     ]
+
+
+SMOKE = """
+import sys
+import ai3, torch
+from torch import nn
+
+assert ai3.__file__.startswith(sys.prefix), (ai3.__file__, sys.prefix)
+torch.manual_seed(0)
+net = nn.Sequential(
+    nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Conv2d(8, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
+).eval()
+x = torch.randn(2, 3, 16, 16)
+ref = net(x)
+for algo in ["default", "direct", "smm", "gemm", "winograd", "fft"]:
+    torch.testing.assert_close(ai3.convert(net, {"conv2d": algo})(x), ref, atol=1e-4, rtol=1e-4)
+try:
+    ai3.convert(net, {"conv2d": "custom"})
+except ai3.AlgorithmError as e:
+    assert "custom conv2d is not implemented" in str(e), e
+else:
+    raise AssertionError("custom was accepted in a stock wheel")
+ai3.swap_conv2d(net, "gemm")
+torch.testing.assert_close(net(x), ref, atol=1e-4, rtol=1e-4)
+print("smoke passed")
+"""
+
+
+@pytest.mark.skipif(
+    not (sys.platform == "linux" and os.uname().machine == "x86_64"),
+    reason="the manylinux2014 wheel is built and checked for x86-64 Linux",
+)
+def test_manylinux_wheel_installs_and_runs_without_rust(tmp_path):
+    pytest.importorskip("ziglang", reason="the manylinux2014 build needs ziglang (test extra)")
+    # maturin runs zig as `<python> -m ziglang`: point it at the Python that has it.
+    os.environ.setdefault("CARGO_ZIGBUILD_PYTHON_PATH", sys.executable)
+    built = build_wheel(tmp_path / "dist", None, "--zig", "--compatibility", "manylinux2014")
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-8000:]
+    wheel = only_wheel(tmp_path / "dist")
+    # One abi3 wheel for every CPython >= 3.10, passing maturin's manylinux_2_17 check.
+    assert "-cp310-abi3-" in wheel.name and "manylinux_2_17_x86_64" in wheel.name, wheel.name
+
+    python, env = fresh_venv(tmp_path / "venv", wheel)
+    smoke = run_in(python, env, SMOKE, tmp_path)
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    assert "smoke passed" in smoke.stdout
+    suite = subprocess.run(
+        [str(python), "-m", "ai3", "test", "--quick"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert suite.returncode == 0, suite.stdout + suite.stderr
+
+
+def test_sdist_carries_the_cpp_sources(tmp_path):
+    import tarfile
+
+    made = subprocess.run(
+        [sys.executable, "-m", "maturin", "sdist", "-o", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    (sdist,) = tmp_path.glob("aithree-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    stock = [p.name for p in (REPO / "cpp_custom").iterdir() if p.suffix in (".hpp", ".cpp")]
+    assert "ai3.hpp" in stock and "conv2d.cpp" in stock
+    for name in stock:
+        assert f"cpp_custom/{name}" in names, name
+    for path in [
+        "crates/ai3-kernels/build.rs",
+        "crates/ai3-kernels/src/custom/bridge.cc",
+        "crates/ai3-kernels/src/custom/bridge.h",
+        "crates/ai3-kernels/src/custom/mod.rs",
+    ]:
+        assert path in names, path
