@@ -12,7 +12,11 @@ namespace ai3::custom {
 
 /// When true, 'default' picks this implementation for every adaptiveavgpool2d
 /// (once it is implemented; until then 'default' keeps ai3's own choice).
-inline constexpr bool DEFAULT_ADAPTIVEAVGPOOL2D = false;
+/// Edit the value here, or build with -DAI3_DEFAULT_ADAPTIVEAVGPOOL2D=true in AI3_CXXFLAGS.
+#ifndef AI3_DEFAULT_ADAPTIVEAVGPOOL2D
+#define AI3_DEFAULT_ADAPTIVEAVGPOOL2D false
+#endif
+inline constexpr bool DEFAULT_ADAPTIVEAVGPOOL2D = AI3_DEFAULT_ADAPTIVEAVGPOOL2D;
 
 /// output[n, c, y, x] = the mean of input[n, c, h0:h1, w0:w1] with
 ///   h0 = floor(y * H / output_h), h1 = ceil((y + 1) * H / output_h)

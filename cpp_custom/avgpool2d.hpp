@@ -14,7 +14,11 @@ namespace ai3::custom {
 
 /// When true, 'default' picks this implementation for every avgpool2d
 /// (once it is implemented; until then 'default' keeps ai3's own choice).
-inline constexpr bool DEFAULT_AVGPOOL2D = false;
+/// Edit the value here, or build with -DAI3_DEFAULT_AVGPOOL2D=true in AI3_CXXFLAGS.
+#ifndef AI3_DEFAULT_AVGPOOL2D
+#define AI3_DEFAULT_AVGPOOL2D false
+#endif
+inline constexpr bool DEFAULT_AVGPOOL2D = AI3_DEFAULT_AVGPOOL2D;
 
 /// output[n, c, y, x] = the sum of the window's input values divided by
 ///   divisor_override, when given; otherwise

@@ -12,7 +12,11 @@ namespace ai3::custom {
 
 /// When true, 'default' picks this implementation for every conv2d
 /// (once it is implemented; until then 'default' keeps ai3's own choice).
-inline constexpr bool DEFAULT_CONV2D = false;
+/// Edit the value here, or build with -DAI3_DEFAULT_CONV2D=true in AI3_CXXFLAGS.
+#ifndef AI3_DEFAULT_CONV2D
+#define AI3_DEFAULT_CONV2D false
+#endif
+inline constexpr bool DEFAULT_CONV2D = AI3_DEFAULT_CONV2D;
 
 /// output[n, o, y, x] = bias[o] + the sum, over the input channels c of o's
 /// group and the taps (ky, kx), of

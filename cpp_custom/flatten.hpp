@@ -12,7 +12,11 @@ namespace ai3::custom {
 
 /// When true, 'default' picks this implementation for every flatten
 /// (once it is implemented; until then 'default' keeps ai3's own choice).
-inline constexpr bool DEFAULT_FLATTEN = false;
+/// Edit the value here, or build with -DAI3_DEFAULT_FLATTEN=true in AI3_CXXFLAGS.
+#ifndef AI3_DEFAULT_FLATTEN
+#define AI3_DEFAULT_FLATTEN false
+#endif
+inline constexpr bool DEFAULT_FLATTEN = AI3_DEFAULT_FLATTEN;
 
 /// The elements of `input` in order, under output's shape: dimensions
 /// start_dim..=end_dim (non-negative, already normalised) merged into one.

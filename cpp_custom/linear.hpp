@@ -12,7 +12,11 @@ namespace ai3::custom {
 
 /// When true, 'default' picks this implementation for every linear
 /// (once it is implemented; until then 'default' keeps ai3's own choice).
-inline constexpr bool DEFAULT_LINEAR = false;
+/// Edit the value here, or build with -DAI3_DEFAULT_LINEAR=true in AI3_CXXFLAGS.
+#ifndef AI3_DEFAULT_LINEAR
+#define AI3_DEFAULT_LINEAR false
+#endif
+inline constexpr bool DEFAULT_LINEAR = AI3_DEFAULT_LINEAR;
 
 /// output[m, o] = bias[o] + sum over i of input[m, i] * weight[o, i]
 ///

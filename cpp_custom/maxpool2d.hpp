@@ -12,7 +12,11 @@ namespace ai3::custom {
 
 /// When true, 'default' picks this implementation for every maxpool2d
 /// (once it is implemented; until then 'default' keeps ai3's own choice).
-inline constexpr bool DEFAULT_MAXPOOL2D = false;
+/// Edit the value here, or build with -DAI3_DEFAULT_MAXPOOL2D=true in AI3_CXXFLAGS.
+#ifndef AI3_DEFAULT_MAXPOOL2D
+#define AI3_DEFAULT_MAXPOOL2D false
+#endif
+inline constexpr bool DEFAULT_MAXPOOL2D = AI3_DEFAULT_MAXPOOL2D;
 
 /// output[n, c, y, x] = the maximum of input[n, c, y * stride_h - padding_h + ky * dilation_h,
 ///                                            x * stride_w - padding_w + kx * dilation_w]

@@ -12,7 +12,11 @@ namespace ai3::custom {
 
 /// When true, 'default' picks this implementation for every relu
 /// (once it is implemented; until then 'default' keeps ai3's own choice).
-inline constexpr bool DEFAULT_RELU = false;
+/// Edit the value here, or build with -DAI3_DEFAULT_RELU=true in AI3_CXXFLAGS.
+#ifndef AI3_DEFAULT_RELU
+#define AI3_DEFAULT_RELU false
+#endif
+inline constexpr bool DEFAULT_RELU = AI3_DEFAULT_RELU;
 
 /// output[i] = max(input[i], 0), with NaN kept as NaN.
 ///

@@ -52,11 +52,24 @@ def no_rust_path(venv: Path) -> str:
 
 
 def fresh_venv(where: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
-    """A venv seeing the system's torch, with ``wheel`` installed; returns (python, env)."""
+    """A venv seeing the system's torch, with ``wheel`` installed; returns (python, env).
+
+    ``--force-reinstall`` because an ai3 installed in the system site-packages
+    (as CI does) would otherwise count as already satisfying the wheel."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(where)], check=True)
     python = where / "bin" / "python"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--force-reinstall",
+            str(wheel),
+        ],
         check=True,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CARGO", "RUST"))}
@@ -66,8 +79,24 @@ def fresh_venv(where: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
 
 
 def run_in(python: Path, env: dict[str, str], code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Runs ``code`` with the venv's Python."""
     return subprocess.run(
         [str(python), "-c", textwrap.dedent(code)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def ai3_cli(
+    python: Path, env: dict[str, str], cwd: Path, *args: str
+) -> subprocess.CompletedProcess:
+    """``python -m ai3 <args>`` in the venv."""
+    return subprocess.run(
+        [str(python), "-m", "ai3", *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -161,10 +190,11 @@ print("custom checks passed")
 def test_custom_example_builds_and_matches_pytorch(tmp_path):
     custom = tmp_path / "my_impls"
     shutil.copytree(EXAMPLE, custom)
-    header = custom / "conv2d.hpp"
-    text = header.read_text()
-    assert "inline constexpr bool DEFAULT_CONV2D = false;" in text
-    header.write_text(text.replace("DEFAULT_CONV2D = false", "DEFAULT_CONV2D = true"))
+    # DEFAULT_CONV2D = true through the directory's build.cfg (which also
+    # exercises the config file), so 'default' must pick the example's conv2d.
+    (custom / "build.cfg").write_text(
+        "# flags for the test\ncxxflags = -DAI3_DEFAULT_CONV2D=true\n"
+    )
     (custom / "relu.cpp").write_text(THROWING_RELU)
     (custom / "linear.cpp").write_text(THROWING_LINEAR)
 
@@ -176,17 +206,9 @@ def test_custom_example_builds_and_matches_pytorch(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "custom checks passed" in checked.stdout
 
-    suite = subprocess.run(
-        [str(python), "-m", "ai3", "test", "--op", "conv2d", "--algorithm", "custom", "--quick"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    suite = ai3_cli(python, env, tmp_path, "test", "--op", "conv2d", "--algorithm", "custom")
     assert suite.returncode == 0, suite.stdout + suite.stderr
-    assert "failed" in suite.stdout and " 0 failed" in suite.stdout, suite.stdout
+    assert " 0 failed" in suite.stdout, suite.stdout
 
 
 def test_cpp_compile_error_reaches_the_user(tmp_path):
@@ -264,15 +286,7 @@ def test_manylinux_wheel_installs_and_runs_without_rust(tmp_path):
     smoke = run_in(python, env, SMOKE, tmp_path)
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     assert "smoke passed" in smoke.stdout
-    suite = subprocess.run(
-        [str(python), "-m", "ai3", "test", "--quick"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    suite = ai3_cli(python, env, tmp_path, "test", "--quick")
     assert suite.returncode == 0, suite.stdout + suite.stderr
 
 

@@ -2,7 +2,11 @@
 // padding and dilation, in float32 and float64. It is written for clarity,
 // not speed: it shows the contract of cpp_custom/conv2d.hpp end to end.
 //
+// Its header is the stock cpp_custom/conv2d.hpp (a directory only needs the
+// files it changes).
+//
 // Build ai3 with it:   AI3_CUSTOM_DIR=examples/custom_conv2d pip install .
+// Make it 'default':   AI3_CXXFLAGS=-DAI3_DEFAULT_CONV2D=true AI3_CUSTOM_DIR=... pip install .
 // Check it:            python -m ai3 test --op conv2d --algorithm custom
 // Use it:              ai3.swap_conv2d(model, "custom")
 #include "conv2d.hpp"
