@@ -85,7 +85,7 @@ def model_rows(repeat: int) -> list[dict]:
         for batch in (1, 10):
             net = getattr(torchvision.models, name)(weights=None)
             x = torch.randn(batch, 3, 224, 224)
-            rows.append(compare(f"{name} b{batch} [default]", net, x, {}, max(2, repeat // 2)))
+            rows.append(compare(f"{name} b{batch} [default]", net, x, {}, repeat))
             print(fmt(rows[-1]), flush=True)
     return rows
 
