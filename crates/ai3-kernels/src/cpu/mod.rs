@@ -14,6 +14,7 @@ pub mod pad;
 pub(crate) mod par;
 pub mod pool;
 pub mod reduce;
+pub(crate) mod scratch;
 pub mod shape;
 
 #[cfg(test)]

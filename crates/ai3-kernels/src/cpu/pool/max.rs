@@ -1,6 +1,7 @@
 //! Max pooling.
 
 use super::for_each_plane;
+use crate::cpu::scratch::with_scratch;
 use crate::params::Pool2dParams;
 use crate::Float;
 
@@ -29,6 +30,29 @@ fn interior(out: usize, n: usize, k: usize, s: usize, pad: usize, d: usize) -> (
     (lo, hi.max(lo))
 }
 
+/// `hmax[x]`: the maximum of `row` over output column `x`'s window
+/// (`(kernel, stride, padding, dilation)` along the width); only columns
+/// outside `interior` check bounds.
+fn row_max<T: Float>(
+    row: &[T],
+    hmax: &mut [T],
+    (kw, sw, pw, dw): (usize, usize, usize, usize),
+    interior: (usize, usize),
+) {
+    for (x, h) in hmax.iter_mut().enumerate() {
+        let x0 = (x * sw) as isize - pw as isize;
+        *h = if (interior.0..interior.1).contains(&x) {
+            let x0 = x0 as usize;
+            (1..kw).fold(row[x0], |acc, kx| nan_max(acc, row[x0 + kx * dw]))
+        } else {
+            (0..kw)
+                .map(|kx| x0 + (kx * dw) as isize)
+                .filter(|&ix| ix >= 0 && (ix as usize) < row.len())
+                .fold(T::neg_infinity(), |acc, ix| nan_max(acc, row[ix as usize]))
+        };
+    }
+}
+
 /// 2-D max pooling as PyTorch's `max_pool2d`: padding counts as `-inf`,
 /// dilation spreads the window, `ceil_mode` windows are clipped to the input,
 /// and a NaN anywhere in a window makes that output NaN.
@@ -48,44 +72,27 @@ pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) {
     let (ih, iw) = (p.in_h, p.in_w);
     let (x_lo, x_hi) = interior(ow, iw, kw, sw, pw, dw);
     for_each_plane(input, ih * iw, output, oh * ow, |src, dst| {
-        // rows[iy * ow + x]: the maximum of input row iy over output column x's window.
-        let mut rows = vec![T::neg_infinity(); ih * ow];
-        for (row, hmax) in src.chunks_exact(iw).zip(rows.chunks_exact_mut(ow)) {
-            for (x, h) in hmax.iter_mut().enumerate() {
-                let x0 = (x * sw) as isize - pw as isize;
-                if (x_lo..x_hi).contains(&x) {
-                    let x0 = x0 as usize;
-                    let mut acc = row[x0];
-                    for kx in 1..kw {
-                        acc = nan_max(acc, row[x0 + kx * dw]);
+        // rows[iy * ow + x]: the maximum of input row iy over output column x's
+        // window; every entry is written before it is read.
+        with_scratch::<T, _>(ih * ow, |rows| {
+            for (row, hmax) in src.chunks_exact(iw).zip(rows.chunks_exact_mut(ow)) {
+                row_max(row, hmax, (kw, sw, pw, dw), (x_lo, x_hi));
+            }
+            for (y, out) in dst.chunks_exact_mut(ow).enumerate() {
+                out.fill(T::neg_infinity());
+                let y0 = (y * sh) as isize - ph as isize;
+                for ky in 0..kh {
+                    let iy = y0 + (ky * dh) as isize;
+                    if iy < 0 || iy as usize >= ih {
+                        continue;
                     }
-                    *h = acc;
-                } else {
-                    let mut acc = T::neg_infinity();
-                    for kx in 0..kw {
-                        let ix = x0 + (kx * dw) as isize;
-                        if ix >= 0 && (ix as usize) < iw {
-                            acc = nan_max(acc, row[ix as usize]);
-                        }
+                    let hmax = &rows[iy as usize * ow..][..ow];
+                    for (o, &v) in out.iter_mut().zip(hmax) {
+                        *o = nan_max(*o, v);
                     }
-                    *h = acc;
                 }
             }
-        }
-        for (y, out) in dst.chunks_exact_mut(ow).enumerate() {
-            out.fill(T::neg_infinity());
-            let y0 = (y * sh) as isize - ph as isize;
-            for ky in 0..kh {
-                let iy = y0 + (ky * dh) as isize;
-                if iy < 0 || iy as usize >= ih {
-                    continue;
-                }
-                let hmax = &rows[iy as usize * ow..][..ow];
-                for (o, &v) in out.iter_mut().zip(hmax) {
-                    *o = nan_max(*o, v);
-                }
-            }
-        }
+        });
     });
 }
 
