@@ -385,36 +385,27 @@ impl Graph {
 
     /// Runs the graph. Inputs may be borrowed and non-contiguous; outputs are owned.
     pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        self.check_inputs(&inputs)?;
-        let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
-        let plan = self.plan_for(&input_shapes)?;
-        let mut arena = self.take_arena(plan.arena_bytes);
-        let result = crate::threads::install(|| self.execute(&plan, &inputs, &mut arena, None));
-        self.return_arena(arena);
-        result
+        self.with_arena(&inputs, |plan, arena| {
+            self.execute(plan, &inputs, arena, None)
+        })
     }
 
     /// Runs the graph `repeat` times (after one untimed warm-up run) and returns
     /// the outputs of the last run with each node's median wall time in seconds,
     /// in node order.
     pub fn profile(&self, inputs: Vec<Tensor>, repeat: usize) -> Result<(Vec<Tensor>, Vec<f64>)> {
-        self.check_inputs(&inputs)?;
-        let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
-        let plan = self.plan_for(&input_shapes)?;
-        let mut arena = self.take_arena(plan.arena_bytes);
         let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(repeat); self.nodes.len()];
-        let result = crate::threads::install(|| {
-            let mut out = self.execute(&plan, &inputs, &mut arena, None)?;
+        let out = self.with_arena(&inputs, |plan, arena| {
+            let mut out = self.execute(plan, &inputs, arena, None)?;
             for _ in 0..repeat.max(1) {
                 let mut times = Vec::with_capacity(self.nodes.len());
-                out = self.execute(&plan, &inputs, &mut arena, Some(&mut times))?;
+                out = self.execute(plan, &inputs, arena, Some(&mut times))?;
                 for (s, t) in samples.iter_mut().zip(times) {
                     s.push(t);
                 }
             }
             Ok(out)
-        });
-        self.return_arena(arena);
+        })?;
         let medians = samples
             .into_iter()
             .map(|mut s| {
@@ -422,7 +413,26 @@ impl Graph {
                 s.get(s.len() / 2).copied().unwrap_or(0.0)
             })
             .collect();
-        Ok((result?, medians))
+        Ok((out, medians))
+    }
+
+    /// Checks the inputs, then runs `f` with the plan for their shapes and a
+    /// pooled arena, inside ai3's thread pool.
+    fn with_arena<R>(
+        &self,
+        inputs: &[Tensor],
+        f: impl FnOnce(&Plan, &mut Tensor) -> Result<R> + Send,
+    ) -> Result<R>
+    where
+        R: Send,
+    {
+        self.check_inputs(inputs)?;
+        let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        let plan = self.plan_for(&input_shapes)?;
+        let mut arena = self.take_arena(plan.arena_bytes);
+        let result = crate::threads::install(|| f(&plan, &mut arena));
+        self.return_arena(arena);
+        result
     }
 
     /// Runs every node once; with `times`, records each node's wall time in seconds.
