@@ -160,6 +160,87 @@ def test_in_place_weight_change_is_seen_by_swapped_module():
     assert_close(out1, reference(ref, x))
 
 
+def _cached_model(weight: torch.Tensor):
+    """The ai3 model a swapped layer keeps for ``weight``, or None."""
+    from ai3 import _custom_ops
+
+    entry = _custom_ops._BY_WEIGHT.get(id(weight))
+    return None if entry is None or entry[0]() is not weight else entry[2]
+
+
+def test_swapped_layer_keeps_its_packed_weights_until_they_change():
+    """Weights are transformed once, not per call; any change PyTorch can see
+    (in-place update, load_state_dict, a new ``.data``) rebuilds them."""
+    ref, net, x = make(torch.float64, "winograd")
+    w = net.conv1.weight
+    with torch.no_grad():
+        net(x)
+        first = _cached_model(w)
+        assert first is not None
+        net(x)
+        assert _cached_model(w) is first
+        assert_close(net(x), reference(ref, x))
+
+        w.add_(0.25)
+        ref.conv1.weight.add_(0.25)
+        assert_close(net(x), reference(ref, x))
+        assert _cached_model(w) is not first
+
+        state = {k: torch.randn_like(v) for k, v in ref.state_dict().items()}
+        ref.load_state_dict(state)
+        net.load_state_dict(state)
+        assert_close(net(x), reference(ref, x))
+
+        fresh = torch.randn_like(w)
+        w.data = fresh.clone()
+        ref.conv1.weight.data = fresh.clone()
+        net.fc.bias.data = torch.randn_like(net.fc.bias)
+        ref.fc.bias.data = net.fc.bias.data.clone()
+        assert_close(net(x), reference(ref, x))
+
+
+def test_cached_models_leave_with_their_weights():
+    import gc
+
+    from ai3 import _custom_ops
+
+    conv = swap.Conv2d(nn.Conv2d(3, 4, 3), "winograd")
+    with torch.no_grad():
+        conv(torch.randn(1, 3, 8, 8))
+    key = id(conv.weight)
+    assert key in _custom_ops._BY_WEIGHT
+    del conv
+    gc.collect()
+    assert key not in _custom_ops._BY_WEIGHT
+
+
+def test_layers_sharing_a_weight_with_different_settings():
+    shared = nn.Conv2d(4, 4, 3, padding=1)
+    other = nn.Conv2d(4, 4, 3)  # same weight, no padding
+    other.weight, other.bias = shared.weight, shared.bias
+    ref = nn.Sequential(shared, other)
+    net = ai3.swap_conv2d(copy.deepcopy(ref), "winograd")
+    assert net[0].weight is net[1].weight
+    x = torch.randn(2, 4, 12, 12)
+    with torch.no_grad():
+        for _ in range(2):
+            assert_close(net(x), ref(x))
+
+
+def test_weights_made_under_inference_mode():
+    """Inference tensors have no version counter: such layers are rebuilt per call."""
+    with torch.inference_mode():
+        ref = nn.Sequential(nn.Conv2d(3, 5, 3), nn.Linear(6, 2))
+        net = ai3.swap_operation("linear", ai3.swap_conv2d(copy.deepcopy(ref), "winograd"))
+        x = torch.randn(2, 3, 8, 8)
+        assert_close(net(x), ref(x))
+        ref[0].weight.mul_(-2.0)
+        net[0].weight.mul_(-2.0)
+        ref[1].bias.add_(3.0)
+        net[1].bias.add_(3.0)
+        assert_close(net(x), ref(x))
+
+
 def test_converted_model_keeps_its_own_weights():
     """convert copies the weights: changing the module afterwards does not change the model."""
     ref = SmallCNN()

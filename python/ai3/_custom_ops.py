@@ -7,6 +7,7 @@ equal PyTorch's. Inputs reach the operators already batched (4-D) and with
 symmetric zero padding: the swapped modules handle the rest in plain torch.
 """
 
+import weakref
 from typing import List, Optional  # torch.library's schema inference needs these spellings
 
 import torch
@@ -15,9 +16,69 @@ from . import _core, threads
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
+#: Built models of weightless operators, per (operator, dtype, configuration).
+_BY_CONFIG: dict = {}
+_BY_CONFIG_LIMIT = 256
+#: Built models of operators with weights, per ``id`` of the first weight:
+#: ``(weakref to it, key, model)``; an entry leaves with its weight.
+_BY_WEIGHT: dict = {}
 
-def _run(op: str, x: torch.Tensor, build) -> torch.Tensor:
-    """Builds a one-node ai3 model borrowing the tensors (no copies) and runs it."""
+
+def _stamp(t: Optional[torch.Tensor]):
+    """What identifies a weight's current contents to PyTorch: its storage and
+    version counter (bumped by every in-place update: optimizer steps,
+    ``load_state_dict``, ``nn.init``), shape, strides and dtype."""
+    if t is None:
+        return None
+    return (id(t), t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype)
+
+
+def _built(dtype: str, build) -> "_core.Model":
+    model = _core.Model(dtype, 1, copy_weights=False)
+    model.set_outputs([build(model)])
+    return model
+
+
+def _model_for(op: str, dtype: str, build, weights: tuple, config: tuple) -> "_core.Model":
+    """The one-node ai3 model for this call, reused across calls.
+
+    A model packs or transforms its weights on first use (Winograd's filter
+    transform, GEMM packing), so it is kept and reused while its weights are
+    unchanged, and rebuilt when PyTorch reports that one changed. Inference
+    tensors carry no version counter, so layers whose weights are inference
+    tensors build a fresh model each call.
+    """
+    if not weights:
+        key = (op, dtype, config)
+        model = _BY_CONFIG.get(key)
+        if model is None:
+            if len(_BY_CONFIG) >= _BY_CONFIG_LIMIT:
+                _BY_CONFIG.clear()
+            model = _BY_CONFIG[key] = _built(dtype, build)
+        return model
+    if any(w is not None and w.is_inference() for w in weights):
+        return _built(dtype, build)
+    first = weights[0]
+    key = (op, dtype, config, tuple(_stamp(w) for w in weights))
+    entry = _BY_WEIGHT.get(id(first))
+    if entry is not None and entry[0]() is first and entry[1] == key:
+        return entry[2]
+    model = _built(dtype, build)
+    wid = id(first)
+
+    def forget(ref, wid=wid):
+        current = _BY_WEIGHT.get(wid)
+        if current is not None and current[0] is ref:
+            del _BY_WEIGHT[wid]
+
+    _BY_WEIGHT[wid] = (weakref.ref(first, forget), key, model)
+    return model
+
+
+def _run(op: str, x: torch.Tensor, build, weights: tuple = (), config: tuple = ()) -> torch.Tensor:
+    """Runs ``x`` through the one-node ai3 model ``build`` adds to, borrowing the
+    weights (no copies). ``weights`` and ``config`` (the operator's other
+    arguments) say when a model built earlier can be reused."""
     from .errors import DtypeError
 
     name = _DTYPE_NAMES.get(x.dtype)
@@ -27,8 +88,7 @@ def _run(op: str, x: torch.Tensor, build) -> torch.Tensor:
             "ai3 computes in float32 and float64"
         )
     threads.sync()
-    model = _core.Model(name, 1, copy_weights=False)
-    model.set_outputs([build(model)])
+    model = _model_for(op, name, build, weights, config)
     return torch.from_dlpack(model.run([x.detach()])[0])
 
 
@@ -76,6 +136,8 @@ def conv2d(
             "zeros",
             algorithm,
         ),
+        (weight, bias),
+        (tuple(stride), ph, pw, tuple(dilation), groups, algorithm),
     )
 
 
@@ -131,7 +193,11 @@ def linear(
 ) -> torch.Tensor:
     """ai3's fully connected layer over the last dimension."""
     return _run(
-        "linear", x, lambda m: m.linear("linear", 0, weight.detach(), _detached(bias), algorithm)
+        "linear",
+        x,
+        lambda m: m.linear("linear", 0, weight.detach(), _detached(bias), algorithm),
+        (weight, bias),
+        (algorithm,),
     )
 
 
@@ -164,7 +230,7 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 @torch.library.custom_op("ai3::relu", mutates_args=())
 def relu(x: torch.Tensor, algorithm: str) -> torch.Tensor:
     """ai3's ReLU."""
-    return _run("relu", x, lambda m: m.relu("relu", 0, algorithm))
+    return _run("relu", x, lambda m: m.relu("relu", 0, algorithm), config=(algorithm,))
 
 
 @relu.register_fake
@@ -204,6 +270,14 @@ def maxpool2d(
         lambda m: m.maxpool2d(
             "maxpool2d",
             0,
+            tuple(kernel),
+            tuple(stride),
+            tuple(padding),
+            tuple(dilation),
+            ceil_mode,
+            algorithm,
+        ),
+        config=(
             tuple(kernel),
             tuple(stride),
             tuple(padding),
@@ -270,6 +344,15 @@ def avgpool2d(
             divisor_override,
             algorithm,
         ),
+        config=(
+            tuple(kernel),
+            tuple(stride),
+            tuple(padding),
+            ceil_mode,
+            count_include_pad,
+            divisor_override,
+            algorithm,
+        ),
     )
 
 
@@ -307,6 +390,7 @@ def adaptiveavgpool2d(x: torch.Tensor, output_size: List[int], algorithm: str) -
         "adaptiveavgpool2d",
         x,
         lambda m: m.adaptiveavgpool2d("adaptiveavgpool2d", 0, size, algorithm),
+        config=(size, algorithm),
     )
 
 
@@ -333,7 +417,12 @@ adaptiveavgpool2d.register_autograd(_adaptive_backward, setup_context=_adaptive_
 @torch.library.custom_op("ai3::flatten", mutates_args=())
 def flatten(x: torch.Tensor, start_dim: int, end_dim: int, algorithm: str) -> torch.Tensor:
     """ai3's flatten (a copy: custom operators may not return views)."""
-    return _run("flatten", x, lambda m: m.flatten("flatten", 0, start_dim, end_dim, algorithm))
+    return _run(
+        "flatten",
+        x,
+        lambda m: m.flatten("flatten", 0, start_dim, end_dim, algorithm),
+        config=(start_dim, end_dim, algorithm),
+    )
 
 
 @flatten.register_fake

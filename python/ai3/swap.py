@@ -4,6 +4,15 @@ modules that run ai3's algorithms through ``torch.library`` custom operators.
 The replacements share the original ``Parameter`` objects, so optimizers
 keep working; they train (gradients equal PyTorch's), compile with
 ``torch.compile(fullgraph=True)``, pickle and deep-copy.
+
+A swapped layer packs or transforms its weights (Winograd's filter transform,
+for one) on its first call and reuses them while PyTorch reports the weights
+unchanged: the same tensors, storage and version counter. Every in-place
+update PyTorch tracks (optimizer steps, ``load_state_dict``, ``nn.init``,
+``with torch.no_grad(): w.mul_(2)``) and every new ``.data`` rebuilds them.
+Writes through ``w.data`` in place (``w.data.mul_(2)``) bypass the version
+counter, as they bypass autograd's checks, and are not seen: update weights
+in place under ``torch.no_grad()`` instead.
 """
 
 from __future__ import annotations
