@@ -60,3 +60,45 @@ def test_environment_variable_fixes_the_count():
         [sys.executable, "-c", "import ai3"], env=env, capture_output=True, text=True
     )
     assert bad.returncode != 0 and "AI3_NUM_THREADS" in bad.stderr
+
+
+def _torch_uses_openmp() -> bool:
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
+@pytest.mark.skipif(
+    not (_torch_uses_openmp() and sys.platform.startswith("linux")),
+    reason="parking applies to PyTorch builds whose CPU backend is OpenMP, found through /proc",
+)
+def test_parks_torch_openmp_threads():
+    from ai3 import _core
+
+    assert _core._parks_openmp()
+    # Work large enough to run parked, right after PyTorch's parallel work.
+    net = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU()).eval()
+    x = torch.randn(4, 8, 40, 40)
+    model = ai3.convert(net)
+    swapped = ai3.swap_conv2d(nn.Sequential(nn.BatchNorm2d(8).eval(), *net))
+    with torch.no_grad():
+        expected = net(x)
+        for _ in range(3):
+            assert_close(model(x), expected)
+            assert_close(
+                swapped(x),
+                net(
+                    nn.functional.batch_norm(
+                        x, swapped[0].running_mean, swapped[0].running_var, eps=swapped[0].eps
+                    )
+                ),
+            )
+    with pytest.raises(ai3.ShapeError, match="conv2d"):
+        model(torch.randn(4, 3, 40, 40))
+
+
+def test_parking_can_be_turned_off():
+    code = "import torch, ai3; print(ai3._core._parks_openmp())"
+    env = {**os.environ, "AI3_PARK_OPENMP": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"

@@ -52,7 +52,14 @@ struct Plan {
     offsets: Vec<Option<usize>>,
     arena_bytes: usize,
     intermediate_bytes: usize,
+    /// Enough work for kernels to go parallel (see [`PARALLEL_WORK`]).
+    parallel: bool,
 }
+
+/// Elements read and written (graph inputs plus every node's output) from
+/// which a run parks PyTorch's idle OpenMP threads: smaller runs stay on one
+/// thread, and parking would only add its wake-up cost.
+const PARALLEL_WORK: usize = 1 << 15;
 
 #[derive(Debug, Default)]
 struct Runtime {
@@ -331,7 +338,14 @@ impl Graph {
         for (&v, &off) in intermediates.iter().zip(&placement.offsets) {
             offsets[v] = Some(off);
         }
+        let numel = |v: &ValueId| shapes[*v].iter().product::<usize>();
+        let work: usize = input_shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .chain(self.nodes.iter().map(|n| numel(&n.output)))
+            .sum();
         Ok(Plan {
+            parallel: work >= PARALLEL_WORK,
             shapes,
             offsets,
             arena_bytes: placement.arena_bytes,
@@ -430,7 +444,12 @@ impl Graph {
         let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
         let plan = self.plan_for(&input_shapes)?;
         let mut arena = self.take_arena(plan.arena_bytes);
-        let result = crate::threads::install(|| f(&plan, &mut arena));
+        let run = || f(&plan, &mut arena);
+        let result = if plan.parallel {
+            crate::threads::install_parking_openmp(run)
+        } else {
+            crate::threads::install(run)
+        };
         self.return_arena(arena);
         result
     }

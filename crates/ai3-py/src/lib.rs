@@ -64,10 +64,6 @@ fn runs_custom(op: &str, algorithm: &str) -> PyResult<bool> {
     Ok(registry::runs_custom(kind, parse_request(kind, algorithm)?))
 }
 
-/// Imports a tensor through DLPack and copies it into ai3-owned memory.
-///
-/// Returns `(address seen on import, capsule of the copy, address of the copy)`,
-/// so tests can check that neither direction of the crossing copies.
 /// Sets how many threads ai3's kernels use (a new pool; running calls keep theirs).
 #[pyfunction]
 fn set_num_threads(n: usize) -> PyResult<()> {
@@ -80,6 +76,34 @@ fn get_num_threads() -> usize {
     ai3_core::threads::num_threads()
 }
 
+/// Registers the address of `GOMP_parallel` in the OpenMP runtime PyTorch
+/// uses, so runs park its idle threads instead of sharing cores with their
+/// spinning (`ai3_core::threads`); `None` stops parking.
+///
+/// The Python package passes only the address it resolved with `ctypes` in
+/// a runtime already loaded (and never unloaded); any other value is undefined
+/// behaviour, hence the leading underscore.
+#[pyfunction]
+#[pyo3(signature = (address))]
+fn _set_openmp_parallel(address: Option<usize>) {
+    let parallel = address.filter(|&a| a != 0).map(|a| {
+        // SAFETY: the caller passes `GOMP_parallel`'s address (see above).
+        unsafe { std::mem::transmute::<usize, ai3_core::threads::OpenMpParallel>(a) }
+    });
+    // SAFETY: as above; loaded OpenMP runtimes stay loaded.
+    unsafe { ai3_core::threads::set_openmp_parallel(parallel) };
+}
+
+/// Whether runs park the idle threads of PyTorch's OpenMP runtime.
+#[pyfunction]
+fn _parks_openmp() -> bool {
+    ai3_core::threads::parks_openmp()
+}
+
+/// Imports a tensor through DLPack and copies it into ai3-owned memory.
+///
+/// Returns `(address seen on import, capsule of the copy, address of the copy)`,
+/// so tests can check that neither direction of the crossing copies.
 #[pyfunction]
 fn dlpack_roundtrip<'py>(
     py: Python<'py>,
@@ -103,5 +127,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dlpack_roundtrip, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_openmp_parallel, m)?)?;
+    m.add_function(wrap_pyfunction!(_parks_openmp, m)?)?;
     Ok(())
 }
