@@ -1,19 +1,21 @@
 """ai3 against PyTorch eager, side by side in one run.
 
 Times each conv2d algorithm on the ai3 paper's four convolution shapes, linear
-layers, and whole converted networks, each against PyTorch on the same input
-in the same process (``torch.inference_mode()``, default thread counts), and
+layers, and whole networks (converted with ``ai3.convert``, and with their
+convolutions swapped by ``ai3.swap_conv2d``), each against PyTorch on the same
+input in the same process (``torch.inference_mode()``, default thread counts), and
 prints a Markdown table of milliseconds and ratios (ai3 / PyTorch; below 1 is
 faster). ``--out DIR`` also writes ``DIR/results.md`` and, when matplotlib is
 installed, ``DIR/results.png``.
 
     python benches/compare_torch.py                # everything
-    python benches/compare_torch.py --only conv    # conv, linear or models
+    python benches/compare_torch.py --only conv    # conv, linear, models or swap
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import statistics
@@ -42,10 +44,23 @@ def timeit(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
     return statistics.median(times) * 1e3
 
 
-def compare(label: str, module: nn.Module, x: torch.Tensor, algos: dict, repeat: int) -> dict:
-    """One row: PyTorch's time and ai3's, measured alternately so drift hits both."""
+def compare(
+    label: str,
+    module: nn.Module,
+    x: torch.Tensor,
+    algos: dict,
+    repeat: int,
+    swap: bool = False,
+) -> dict:
+    """One row: PyTorch's time and ai3's, measured alternately so drift hits both.
+
+    ai3 runs ``convert(module, algos)``, or with ``swap`` a copy of ``module``
+    whose convolutions ``swap_conv2d`` replaced (the rest stays PyTorch)."""
     module = module.eval()
-    model = ai3.convert(module, algos)
+    if swap:
+        model = ai3.swap_conv2d(copy.deepcopy(module), algos.get("conv2d", "default"))
+    else:
+        model = ai3.convert(module, algos)
     with torch.inference_mode():
         t_torch, t_ai3 = [], []
         for _ in range(repeat):
@@ -77,15 +92,18 @@ def linear_rows(repeat: int) -> list[dict]:
     return [row]
 
 
-def model_rows(repeat: int) -> list[dict]:
+def model_rows(repeat: int, swap: bool = False) -> list[dict]:
+    """Whole torchvision networks (random weights) at batch 1 and 10, default
+    algorithms: converted, or with ``swap`` their convolutions swapped."""
     import torchvision
 
     rows = []
+    how = "swap_conv2d" if swap else "convert"
     for name in MODELS:
         for batch in (1, 10):
             net = getattr(torchvision.models, name)(weights=None)
             x = torch.randn(batch, 3, 224, 224)
-            rows.append(compare(f"{name} b{batch} [default]", net, x, {}, repeat))
+            rows.append(compare(f"{name} b{batch} [{how}]", net, x, {}, repeat, swap=swap))
             print(fmt(rows[-1]), flush=True)
     return rows
 
@@ -105,7 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", choices=["conv", "linear", "models"])
+    parser.add_argument("--only", choices=["conv", "linear", "models", "swap"])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", help="folder for results.md and results.png")
     args = parser.parse_args()
@@ -120,6 +138,8 @@ def main() -> None:
         rows += linear_rows(args.repeat)
     if args.only in (None, "models"):
         rows += model_rows(args.repeat)
+    if args.only in (None, "swap"):
+        rows += model_rows(args.repeat, swap=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.md"), "w") as f:
