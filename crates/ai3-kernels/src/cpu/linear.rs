@@ -144,9 +144,14 @@ mod nt_avx512 {
         j1: usize,
     ) {
         let out = out.0;
+        // With fewer than four input rows each weight row is used for at most
+        // three dot products: it is streamed whole, which keeps the hardware
+        // prefetchers on long contiguous runs; K blocks only pay off when rows
+        // reuse the weight block from cache.
+        let k_block = if rows < 4 { kf.max(1) } else { KC };
         let mut k0 = 0;
         while k0 < kf.max(1) {
-            let kc = KC.min(kf - k0);
+            let kc = k_block.min(kf - k0);
             let first = k0 == 0;
             let mut j = j0;
             while j < j1 {
@@ -155,9 +160,16 @@ mod nt_avx512 {
                 while i < rows {
                     let ni = 4.min(rows - i);
                     let mut acc = [[0.0f32; 4]; 4];
-                    if ni == 4 && nj == 4 {
-                        // SAFETY: rows i..i+4 and j..j+4 exist.
-                        acc = unsafe { tile4x4(x, w, kf, i, j, k0, kc) };
+                    if nj == 4 {
+                        // SAFETY: rows i..i+ni and j..j+4 exist.
+                        unsafe {
+                            match ni {
+                                4 => acc = tile::<4>(x, w, kf, i, j, k0, kc),
+                                3 => acc[..3].copy_from_slice(&tile::<3>(x, w, kf, i, j, k0, kc)),
+                                2 => acc[..2].copy_from_slice(&tile::<2>(x, w, kf, i, j, k0, kc)),
+                                _ => acc[..1].copy_from_slice(&tile::<1>(x, w, kf, i, j, k0, kc)),
+                            }
+                        }
                     } else {
                         for a in 0..ni {
                             for b in 0..nj {
@@ -188,10 +200,12 @@ mod nt_avx512 {
         }
     }
 
+    /// Dot products of `N` input rows (from `i`) with 4 weight rows (from
+    /// `j`) over `k0..k0 + kc`: `N` times 4 independent accumulators.
     #[inline]
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile4x4(
+    unsafe fn tile<const N: usize>(
         x: &[f32],
         w: &[f32],
         kf: usize,
@@ -199,17 +213,17 @@ mod nt_avx512 {
         j: usize,
         k0: usize,
         kc: usize,
-    ) -> [[f32; 4]; 4] {
-        let xp: [*const f32; 4] = std::array::from_fn(|a| x[(i + a) * kf + k0..].as_ptr());
+    ) -> [[f32; 4]; N] {
+        let xp: [*const f32; N] = std::array::from_fn(|a| x[(i + a) * kf + k0..].as_ptr());
         let wp: [*const f32; 4] = std::array::from_fn(|b| w[(j + b) * kf + k0..].as_ptr());
-        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+        let mut acc = [[_mm512_setzero_ps(); 4]; N];
         let mut k = 0;
         while k + 16 <= kc {
             // SAFETY: k + 16 <= kc, inside each row's k0..k0+kc range.
             unsafe {
-                let xv: [__m512; 4] = std::array::from_fn(|a| _mm512_loadu_ps(xp[a].add(k)));
+                let xv: [__m512; N] = std::array::from_fn(|a| _mm512_loadu_ps(xp[a].add(k)));
                 let wv: [__m512; 4] = std::array::from_fn(|b| _mm512_loadu_ps(wp[b].add(k)));
-                for a in 0..4 {
+                for a in 0..N {
                     for b in 0..4 {
                         acc[a][b] = _mm512_fmadd_ps(xv[a], wv[b], acc[a][b]);
                     }
@@ -217,8 +231,8 @@ mod nt_avx512 {
             }
             k += 16;
         }
-        let mut r = [[0.0f32; 4]; 4];
-        for a in 0..4 {
+        let mut r = [[0.0f32; 4]; N];
+        for a in 0..N {
             for b in 0..4 {
                 let mut s = _mm512_reduce_add_ps(acc[a][b]);
                 for kk in k..kc {
@@ -294,6 +308,10 @@ mod tests {
             (33, 70, 17),
             (4, 0, 3),
             (128, 300, 65),
+            (2, 40, 8),
+            (3, 1030, 13),
+            (6, 2100, 9),
+            (1, 4097, 70),
         ] {
             let p = LinearParams {
                 rows,
