@@ -48,13 +48,22 @@ def test_bad_counts_are_rejected(restore_threads):
             ai3.set_num_threads(bad)
 
 
+def _printed(code: str, **env: str) -> str:
+    """What a fresh interpreter running ``code`` with ``env`` added prints."""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
 def test_environment_variable_fixes_the_count():
     code = "import torch, ai3; torch.set_num_threads(2); print(ai3.get_num_threads())"
+    assert _printed(code, AI3_NUM_THREADS="1") == "1"
     env = {**os.environ, "AI3_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "1"
     env["AI3_NUM_THREADS"] = "zero"
     bad = subprocess.run(
         [sys.executable, "-c", "import ai3"], env=env, capture_output=True, text=True
@@ -97,8 +106,4 @@ def test_parks_torch_openmp_threads():
 
 def test_parking_can_be_turned_off():
     code = "import torch, ai3; print(ai3._core._parks_openmp())"
-    env = {**os.environ, "AI3_PARK_OPENMP": "0"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "False"
+    assert _printed(code, AI3_PARK_OPENMP="0") == "False"

@@ -75,10 +75,10 @@ def _model_for(op: str, dtype: str, build, weights: tuple, config: tuple) -> "_c
     return model
 
 
-def _run(op: str, x: torch.Tensor, build, weights: tuple = (), config: tuple = ()) -> torch.Tensor:
-    """Runs ``x`` through the one-node ai3 model ``build`` adds to, borrowing the
-    weights (no copies). ``weights`` and ``config`` (the operator's other
-    arguments) say when a model built earlier can be reused."""
+def _run(op: str, x: torch.Tensor, weights: tuple, *args) -> torch.Tensor:
+    """Runs ``x`` through a one-node ai3 model: ``Model.<op>(op, 0, *weights, *args)``,
+    borrowing the weights (no copies). Models are reused while ``weights`` are
+    unchanged and ``args`` equal (see :func:`_model_for`)."""
     from .errors import DtypeError
 
     name = _DTYPE_NAMES.get(x.dtype)
@@ -88,7 +88,11 @@ def _run(op: str, x: torch.Tensor, build, weights: tuple = (), config: tuple = (
             "ai3 computes in float32 and float64"
         )
     threads.sync()
-    model = _model_for(op, name, build, weights, config)
+
+    def build(model):
+        return getattr(model, op)(op, 0, *(_detached(w) for w in weights), *args)
+
+    model = _model_for(op, name, build, weights, args)
     return torch.from_dlpack(model.run([x.detach()])[0])
 
 
@@ -124,20 +128,13 @@ def conv2d(
     return _run(
         "conv2d",
         x,
-        lambda m: m.conv2d(
-            "conv2d",
-            0,
-            weight.detach(),
-            _detached(bias),
-            tuple(stride),
-            (ph, ph, pw, pw),
-            tuple(dilation),
-            groups,
-            "zeros",
-            algorithm,
-        ),
         (weight, bias),
-        (tuple(stride), ph, pw, tuple(dilation), groups, algorithm),
+        tuple(stride),
+        (ph, ph, pw, pw),
+        tuple(dilation),
+        groups,
+        "zeros",
+        algorithm,
     )
 
 
@@ -192,13 +189,7 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], algorithm: str
 ) -> torch.Tensor:
     """ai3's fully connected layer over the last dimension."""
-    return _run(
-        "linear",
-        x,
-        lambda m: m.linear("linear", 0, weight.detach(), _detached(bias), algorithm),
-        (weight, bias),
-        (algorithm,),
-    )
+    return _run("linear", x, (weight, bias), algorithm)
 
 
 @linear.register_fake
@@ -230,7 +221,7 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 @torch.library.custom_op("ai3::relu", mutates_args=())
 def relu(x: torch.Tensor, algorithm: str) -> torch.Tensor:
     """ai3's ReLU."""
-    return _run("relu", x, lambda m: m.relu("relu", 0, algorithm), config=(algorithm,))
+    return _run("relu", x, (), algorithm)
 
 
 @relu.register_fake
@@ -267,24 +258,13 @@ def maxpool2d(
     return _run(
         "maxpool2d",
         x,
-        lambda m: m.maxpool2d(
-            "maxpool2d",
-            0,
-            tuple(kernel),
-            tuple(stride),
-            tuple(padding),
-            tuple(dilation),
-            ceil_mode,
-            algorithm,
-        ),
-        config=(
-            tuple(kernel),
-            tuple(stride),
-            tuple(padding),
-            tuple(dilation),
-            ceil_mode,
-            algorithm,
-        ),
+        (),
+        tuple(kernel),
+        tuple(stride),
+        tuple(padding),
+        tuple(dilation),
+        ceil_mode,
+        algorithm,
     )
 
 
@@ -333,26 +313,14 @@ def avgpool2d(
     return _run(
         "avgpool2d",
         x,
-        lambda m: m.avgpool2d(
-            "avgpool2d",
-            0,
-            tuple(kernel),
-            tuple(stride),
-            tuple(padding),
-            ceil_mode,
-            count_include_pad,
-            divisor_override,
-            algorithm,
-        ),
-        config=(
-            tuple(kernel),
-            tuple(stride),
-            tuple(padding),
-            ceil_mode,
-            count_include_pad,
-            divisor_override,
-            algorithm,
-        ),
+        (),
+        tuple(kernel),
+        tuple(stride),
+        tuple(padding),
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+        algorithm,
     )
 
 
@@ -385,13 +353,7 @@ avgpool2d.register_autograd(_avgpool_backward, setup_context=_avgpool_setup)
 @torch.library.custom_op("ai3::adaptiveavgpool2d", mutates_args=())
 def adaptiveavgpool2d(x: torch.Tensor, output_size: List[int], algorithm: str) -> torch.Tensor:
     """ai3's adaptive average pooling on batched input (sizes already resolved)."""
-    size = tuple(output_size)
-    return _run(
-        "adaptiveavgpool2d",
-        x,
-        lambda m: m.adaptiveavgpool2d("adaptiveavgpool2d", 0, size, algorithm),
-        config=(size, algorithm),
-    )
+    return _run("adaptiveavgpool2d", x, (), tuple(output_size), algorithm)
 
 
 @adaptiveavgpool2d.register_fake
@@ -417,12 +379,7 @@ adaptiveavgpool2d.register_autograd(_adaptive_backward, setup_context=_adaptive_
 @torch.library.custom_op("ai3::flatten", mutates_args=())
 def flatten(x: torch.Tensor, start_dim: int, end_dim: int, algorithm: str) -> torch.Tensor:
     """ai3's flatten (a copy: custom operators may not return views)."""
-    return _run(
-        "flatten",
-        x,
-        lambda m: m.flatten("flatten", 0, start_dim, end_dim, algorithm),
-        config=(start_dim, end_dim, algorithm),
-    )
+    return _run("flatten", x, (), start_dim, end_dim, algorithm)
 
 
 @flatten.register_fake
