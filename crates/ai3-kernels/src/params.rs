@@ -107,6 +107,21 @@ impl Conv2dParams {
     pub fn output_len(&self) -> usize {
         self.batch * self.out_channels * self.out_h() * self.out_w()
     }
+    /// Debug-build check that a kernel's input, bias and output have this
+    /// layer's lengths (each kernel checks its own weight form).
+    pub fn debug_check_buffers(
+        &self,
+        input_len: usize,
+        bias_len: Option<usize>,
+        output_len: usize,
+    ) {
+        debug_assert_eq!(input_len, self.input_len(), "conv2d input length");
+        debug_assert_eq!(output_len, self.output_len(), "conv2d output length");
+        debug_assert!(
+            bias_len.is_none_or(|b| b == self.out_channels),
+            "conv2d bias length"
+        );
+    }
 }
 
 /// Output length of one pooled dimension, following PyTorch's rule: with

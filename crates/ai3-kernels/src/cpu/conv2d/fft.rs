@@ -175,10 +175,8 @@ pub fn conv2d<T: Float>(
     bias: Option<&[T]>,
     output: &mut [T],
 ) {
-    debug_assert_eq!(input.len(), p.input_len());
+    p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
     debug_assert_eq!(weight.len(), p.weight_len());
-    debug_assert_eq!(output.len(), p.output_len());
-    debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
     if p.output_len() == 0 {
         return;
     }

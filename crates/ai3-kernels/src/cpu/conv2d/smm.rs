@@ -75,10 +75,8 @@ fn run<T: Float>(
     output: &mut [T],
     portable: bool,
 ) {
-    debug_assert_eq!(input.len(), p.input_len());
+    p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
     debug_assert_eq!(weight.len(), p.weight_len());
-    debug_assert_eq!(output.len(), p.output_len());
-    debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
 
     let (oh, ow) = (p.out_h(), p.out_w());
     let plane_out = oh * ow;

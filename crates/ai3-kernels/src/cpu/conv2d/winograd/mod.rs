@@ -157,10 +157,8 @@ pub fn conv2d<T: Float>(
     output: &mut [T],
 ) {
     debug_assert!(check(p).is_ok());
-    debug_assert_eq!(input.len(), p.input_len());
+    p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
     debug_assert_eq!(transformed_filter.len(), transformed_filter_len(p));
-    debug_assert_eq!(output.len(), p.output_len());
-    debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
     if output.is_empty() {
         return;
     }
