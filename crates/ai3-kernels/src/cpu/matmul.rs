@@ -13,6 +13,11 @@ pub(crate) struct MatPtr<T> {
     pub cs: usize,
 }
 
+// SAFETY: a read-only view; sharing it between threads only shares reads.
+unsafe impl<T: Sync> Send for MatPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for MatPtr<T> {}
+
 /// `dst[m x n] = lhs[m x k] @ rhs[k x n]`, or `+=` when `accumulate`.
 ///
 /// `dst` has unit column stride and row stride `dst_rs`.

@@ -8,7 +8,9 @@
 
 use rayon::prelude::*;
 
-use super::{for_each_image_group, valid_range, with_scratch, TaskBudget};
+use gemm::Parallelism;
+
+use super::{for_each_image_group, valid_range, with_scratch, SharedMut};
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::params::Conv2dParams;
 use crate::Float;
@@ -20,6 +22,10 @@ const COL_BLOCK_ELEMENTS: usize = 1 << 18;
 /// Fewest columns per block, so deep layers (large `icg * kh * kw`) still give
 /// the GEMM a useful width.
 const MIN_COL_BLOCK: usize = 256;
+
+/// Output channels per thread are a multiple of this when the threads share
+/// a block's channels, so each keeps whole microkernel row panels.
+const ROW_ALIGN: usize = 16;
 
 /// Most columns per block, so shallow layers (tiny `icg * kh * kw`, like an
 /// RGB input layer) keep the output block the GEMM updates in cache.
@@ -51,97 +57,132 @@ pub fn conv2d<T: Float>(
         let img = &input[(n * p.in_channels + g * icg) * plane_in..][..icg * plane_in];
         let w_g = &weight[g * ocg * k..][..ocg * k];
         let bias_g = bias.map(|b| &b[g * ocg..(g + 1) * ocg]);
-        // Starting from the bias and accumulating saves a pass over the
-        // output; done per column block, just before its GEMM, so that block
-        // of the output is still in cache when the GEMM reads it.
-        let fill_bias = |out: &mut [T], c0: usize, width: usize| {
-            if let Some(b) = bias_g {
-                for (row, &bv) in out.chunks_mut(ohw).zip(b) {
-                    row[c0..c0 + width].fill(bv);
+        let threads = if budget.parallel_inside {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        let out = SharedMut(out.as_mut_ptr());
+        // Output rows `rows` (channels of the group), columns [c0, c0 + width),
+        // from the column matrix `rhs` ([k, width]).
+        let multiply = |rows: std::ops::Range<usize>, c0: usize, width: usize, rhs: MatPtr<T>| {
+            let out = &out;
+            // Starting from the bias and accumulating saves a pass over the
+            // output; done per block, just before its GEMM, so that block of
+            // the output is still in cache when the GEMM reads it.
+            if let Some(bv) = bias_g {
+                for o in rows.clone() {
+                    // SAFETY: this (rows, columns) block of the task's
+                    // [ocg, ohw] output is written by this call only.
+                    unsafe { std::slice::from_raw_parts_mut(out.0.add(o * ohw + c0), width) }
+                        .fill(bv[o]);
                 }
             }
-        };
-        let lhs = MatPtr {
-            ptr: w_g.as_ptr(),
-            rs: k,
-            cs: 1,
-        };
-        if pointwise {
-            fill_bias(out, 0, ohw);
-            let rhs = MatPtr {
-                ptr: img.as_ptr(),
-                rs: plane_in,
+            let lhs = MatPtr {
+                ptr: w_g[rows.start * k..].as_ptr(),
+                rs: k,
                 cs: 1,
             };
-            // SAFETY: out is [ocg, ohw], w_g is [ocg, k], img is [k, ohw]
-            // (ohw == plane_in for a pointwise kernel); all distinct buffers.
+            // SAFETY: the destination is the (rows, columns) block of the
+            // [ocg, ohw] output, written by this call only; rhs is [k, width];
+            // the weight rows are [rows.len(), k]; all distinct buffers.
             unsafe {
                 matmul(
-                    ocg,
-                    ohw,
+                    rows.len(),
+                    width,
                     k,
-                    out.as_mut_ptr(),
+                    out.0.add(rows.start * ohw + c0),
                     ohw,
                     bias.is_some(),
                     lhs,
                     rhs,
-                    budget.gemm_parallelism(),
+                    Parallelism::None,
                 )
+            }
+        };
+        // A pointwise kernel's input plane already is the column matrix.
+        let plane = |c0: usize| MatPtr {
+            ptr: img[c0..].as_ptr(),
+            rs: plane_in,
+            cs: 1,
+        };
+        let unrolled = |col: &[T], width: usize| MatPtr {
+            ptr: col.as_ptr(),
+            rs: width,
+            cs: 1,
+        };
+
+        if threads > 1 && ohw < threads * MIN_COL_BLOCK {
+            // Few output columns (small late-stage images): the threads share
+            // the output channels, so each reads only its part of the weights,
+            // which is most of what such a layer reads.
+            let block = (budget.workspace / k).clamp(1, ohw);
+            let block = ohw.div_ceil(ohw.div_ceil(block));
+            let chunk = ocg.div_ceil(threads).next_multiple_of(ROW_ALIGN).min(ocg);
+            let row_chunks = |c0: usize, width: usize, rhs: MatPtr<T>| {
+                (0..ocg.div_ceil(chunk))
+                    .into_par_iter()
+                    .for_each(|i| multiply(i * chunk..((i + 1) * chunk).min(ocg), c0, width, rhs))
             };
+            for c0 in (0..ohw).step_by(block) {
+                let width = block.min(ohw - c0);
+                if pointwise {
+                    row_chunks(c0, width, plane(c0));
+                } else {
+                    with_scratch::<T, _>(k * width, |col| {
+                        im2col(p, img, c0, width, col, true);
+                        row_chunks(c0, width, unrolled(col, width));
+                    });
+                }
+            }
             return;
         }
-        // Column blocks small enough that the unrolled block is still in
-        // cache when the GEMM packs it, but wide enough for the GEMM to run
-        // at full speed.
+
+        // Column blocks small enough that the unrolled block (and the output
+        // block the GEMM updates) is still in cache when the GEMM packs it,
+        // but wide enough for the GEMM to run at full speed. When this task
+        // has the whole machine, the blocks are shared among the threads,
+        // each unrolling and multiplying its own blocks: no barrier between
+        // im2col and GEMM, and no GEMM too small to split.
         let block = (COL_BLOCK_ELEMENTS / k)
             .clamp(MIN_COL_BLOCK, MAX_COL_BLOCK)
-            .min(budget.workspace / k)
+            .min(budget.workspace / (k * threads))
             .clamp(1, ohw);
-        // Equal blocks: no narrow (slow) GEMM for a remainder.
-        let block = ohw.div_ceil(ohw.div_ceil(block));
-        with_scratch::<T, _>(k * block, |col| {
-            let mut c0 = 0;
-            while c0 < ohw {
-                let width = block.min(ohw - c0);
-                let col = &mut col[..k * width];
-                im2col(p, img, c0, width, col, budget);
-                fill_bias(out, c0, width);
-                let rhs = MatPtr {
-                    ptr: col.as_ptr(),
-                    rs: width,
-                    cs: 1,
-                };
-                // SAFETY: the destination is columns [c0, c0 + width) of the
-                // [ocg, ohw] block `out`; col is [k, width]; w_g is [ocg, k].
-                unsafe {
-                    matmul(
-                        ocg,
-                        width,
-                        k,
-                        out.as_mut_ptr().add(c0),
-                        ohw,
-                        bias.is_some(),
-                        lhs,
-                        rhs,
-                        budget.gemm_parallelism(),
-                    )
-                };
-                c0 += width;
+        // Equal blocks, a multiple of the thread count of them: no narrow
+        // (slow) GEMM for a remainder and no idle thread at the end.
+        let blocks = ohw.div_ceil(block).div_ceil(threads) * threads;
+        let block = ohw.div_ceil(blocks.min(ohw));
+        let blocks = ohw.div_ceil(block);
+        let run_block = |b: usize| {
+            let c0 = b * block;
+            let width = block.min(ohw - c0);
+            if pointwise {
+                multiply(0..ocg, c0, width, plane(c0));
+            } else {
+                with_scratch::<T, _>(k * width, |col| {
+                    im2col(p, img, c0, width, col, false);
+                    multiply(0..ocg, c0, width, unrolled(col, width));
+                });
             }
-        });
+        };
+        if threads > 1 {
+            (0..blocks).into_par_iter().for_each(run_block);
+        } else {
+            (0..blocks).for_each(run_block);
+        }
     });
 }
 
 /// Fills `col` (`[icg * kh * kw, width]`) with the input values seen by
 /// output positions `c0 .. c0 + width` (flattened `y * out_w + x`), zero
-/// where a tap falls in the padding.
+/// where a tap falls in the padding; rows are filled in parallel when `parallel`.
 fn im2col<T: Float>(
     p: &Conv2dParams,
     img: &[T],
     c0: usize,
     width: usize,
     col: &mut [T],
-    budget: TaskBudget,
+    parallel: bool,
 ) {
     let (oh, ow) = (p.out_h(), p.out_w());
     let (kh, kw) = (p.kernel_h, p.kernel_w);
@@ -173,12 +214,14 @@ fn im2col<T: Float>(
                 if a < b {
                     let ix0 = a * p.stride.1 + kx * p.dilation.1 - p.padding.left;
                     let dst = &mut seg[a - xs..b - xs];
-                    if p.stride.1 == 1 {
-                        dst.copy_from_slice(&row[ix0..ix0 + (b - a)]);
-                    } else {
-                        let src = row[ix0..].iter().step_by(p.stride.1);
-                        for (d, &s) in dst.iter_mut().zip(src) {
-                            *d = s;
+                    match p.stride.1 {
+                        1 => dst.copy_from_slice(&row[ix0..ix0 + (b - a)]),
+                        // A constant stride lets the compiler vectorise the gather.
+                        2 => strided_copy::<T, 2>(dst, &row[ix0..]),
+                        s => {
+                            for (d, &v) in dst.iter_mut().zip(row[ix0..].iter().step_by(s)) {
+                                *d = v;
+                            }
                         }
                     }
                 }
@@ -187,7 +230,7 @@ fn im2col<T: Float>(
             pos += xe - xs;
         }
     };
-    if budget.parallel_inside {
+    if parallel {
         col.par_chunks_mut(width)
             .enumerate()
             .for_each(|(r, dst)| fill_row(r, dst));
@@ -195,6 +238,15 @@ fn im2col<T: Float>(
         col.chunks_mut(width)
             .enumerate()
             .for_each(|(r, dst)| fill_row(r, dst));
+    }
+}
+
+/// `dst[i] = src[i * S]` for every `i` in `dst`.
+#[inline(always)]
+fn strided_copy<T: Float, const S: usize>(dst: &mut [T], src: &[T]) {
+    let src = &src[..(dst.len() - 1) * S + 1];
+    for (i, d) in dst.iter_mut().enumerate() {
+        *d = src[i * S];
     }
 }
 
@@ -213,6 +265,43 @@ mod tests {
     fn gemm_matches_reference_on_two_threads() {
         crate::cpu::test_util::on_two_threads(|| {
             check_conv_algorithm("gemm", super::conv2d::<f32>, super::conv2d::<f64>)
+        });
+    }
+
+    #[test]
+    fn gemm_splits_channels_or_columns_among_threads() {
+        // Batch 1 on two threads: small images share the output channels
+        // (40 of them: uneven chunks), larger ones the column blocks; both
+        // with and without im2col.
+        let case = |k: usize, stride: usize, hw: usize| Conv2dParams {
+            batch: 1,
+            in_channels: 5,
+            in_h: hw,
+            in_w: hw,
+            out_channels: 40,
+            kernel_h: k,
+            kernel_w: k,
+            stride: (stride, stride),
+            padding: Padding2d::symmetric(k / 2, k / 2),
+            dilation: (1, 1),
+            groups: 1,
+        };
+        let mut rng = Rng::new(11);
+        crate::cpu::test_util::on_two_threads(|| {
+            for p in [
+                case(1, 1, 7),
+                case(3, 2, 14),
+                case(1, 1, 30),
+                case(3, 1, 40),
+            ] {
+                crate::cpu::test_util::check_conv_case(
+                    "gemm",
+                    &p,
+                    &mut rng,
+                    super::conv2d::<f32>,
+                    super::conv2d::<f64>,
+                );
+            }
         });
     }
 

@@ -61,17 +61,6 @@ pub(crate) struct TaskBudget {
     pub parallel_inside: bool,
 }
 
-impl TaskBudget {
-    /// The gemm crate's threading setting matching this budget.
-    pub fn gemm_parallelism(&self) -> ::gemm::Parallelism {
-        if self.parallel_inside {
-            ::gemm::Parallelism::Rayon(0)
-        } else {
-            ::gemm::Parallelism::None
-        }
-    }
-}
-
 /// Runs `task(image, group, output_of_that_image_and_group, budget)` for every
 /// `(image, group)` pair; each pair owns a contiguous
 /// `[out_channels / groups, out_h, out_w]` block of the output.
