@@ -33,6 +33,10 @@ const POSITIONS: usize = 16;
 /// while a block's transformed input and products stay near the L2 cache.
 const BLOCK_TILES: usize = 256;
 
+/// Fewest tiles a block split off for another thread may have; below it the
+/// threads share each block's GEMMs instead (see [`Plan::new`]).
+const MIN_SPLIT_TILES: usize = 64;
+
 /// Whether Winograd F(2x2, 3x3) can run `p`; the error names the unmet constraint.
 ///
 /// ```
@@ -128,10 +132,17 @@ impl Plan {
             (1, tiles_w.div_ceil(tiles_w.div_ceil(target)))
         };
         let col_blocks = tiles_w.div_ceil(cols_per_block);
-        // Give every thread at least one block when the rows allow it.
+        // Give every thread at least one block when the rows allow it and the
+        // blocks stay wide enough for their GEMMs. Otherwise the blocks run in
+        // turn with their 16 GEMMs shared among the threads, so that each
+        // transformed weight is read by one thread only: with few tiles the
+        // GEMMs are bound by reading the weights.
         let want = threads.div_ceil(p.groups * col_blocks);
         if rows.div_ceil(rows_per_block) < want {
-            rows_per_block = rows.div_ceil(want).max(1);
+            let split = rows.div_ceil(want).max(1);
+            if split * cols_per_block >= MIN_SPLIT_TILES {
+                rows_per_block = split;
+            }
         }
         Self {
             tiles_w,
@@ -168,11 +179,8 @@ pub fn conv2d<T: Float>(
     let tasks = p.groups * blocks;
     let out = SharedMut(output.as_mut_ptr());
     let parallel = threads > 1 && tasks >= threads;
-    let gemm_par = if !parallel && threads > 1 {
-        ::gemm::Parallelism::Rayon(0)
-    } else {
-        ::gemm::Parallelism::None
-    };
+    // Blocks in turn share their GEMMs among the threads.
+    let share_gemms = !parallel && threads > 1;
     let run = |task: usize| {
         let (g, b) = (task / blocks, task % blocks);
         let (rb, cb) = (b / plan.col_blocks, b % plan.col_blocks);
@@ -194,7 +202,7 @@ pub fn conv2d<T: Float>(
                 (r0, r1),
                 (c0, c1),
                 out,
-                gemm_par,
+                share_gemms,
             )
         };
     };
@@ -221,7 +229,7 @@ unsafe fn block<T: Float>(
     rows: (usize, usize),
     cols: (usize, usize),
     out: SharedMut<T>,
-    gemm_par: ::gemm::Parallelism,
+    share_gemms: bool,
 ) {
     let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
@@ -239,7 +247,8 @@ unsafe fn block<T: Float>(
         let (ebuf, obuf) = eo.split_at_mut(4 * (tw + 1));
 
         input_transform(p, plan, input, g, rows, cols, v, ebuf, obuf);
-        for xi in 0..POSITIONS {
+        let m_out = SharedMut(m.as_mut_ptr());
+        let gemm = |xi: usize| {
             let lhs = MatPtr {
                 ptr: u_g[xi * ocg * icg..].as_ptr(),
                 rs: icg,
@@ -250,21 +259,28 @@ unsafe fn block<T: Float>(
                 rs: nt,
                 cs: 1,
             };
+            let m_out = &m_out;
             // SAFETY: u_g holds 16 ocg x icg matrices, v 16 icg x nt and m
-            // 16 ocg x nt; the three are distinct buffers.
+            // 16 ocg x nt, each position's matrix written by its GEMM only;
+            // the three are distinct buffers.
             unsafe {
                 matmul(
                     ocg,
                     nt,
                     icg,
-                    m[xi * m_stride..].as_mut_ptr(),
+                    m_out.0.add(xi * m_stride),
                     nt,
                     false,
                     lhs,
                     rhs,
-                    gemm_par,
+                    ::gemm::Parallelism::None,
                 )
             };
+        };
+        if share_gemms {
+            (0..POSITIONS).into_par_iter().for_each(gemm);
+        } else {
+            (0..POSITIONS).for_each(gemm);
         }
 
         // SAFETY: forwarded from the caller.
