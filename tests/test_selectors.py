@@ -291,10 +291,15 @@ def test_default_algorithm_resolves_in_summary():
     names = conv_algorithms_of_model(model)
     assert all(n in ai3.SUPPORTED_ALGORITHMS["conv2d"] for n in names), names
     assert "default" not in names
-    # README's table: 'default' is gemm for conv2d and linear, direct for the others.
+    # README's table: 'default' is direct for convolutions with fewer than 16
+    # input channels (all three here), gemm for linear, direct for the others.
     # The ReLUs are fused into the convolutions before them.
     by_op = {r["op"]: r["algorithm"] for r in model.summary(INPUT_SHAPE)}
-    assert by_op == {"conv2d": "gemm", "flatten": "direct", "linear": "gemm"}
+    assert by_op == {"conv2d": "direct", "flatten": "direct", "linear": "gemm"}
+    # With enough input channels, 'default' is winograd on 3x3 stride-1 layers
+    # and gemm on the rest.
+    wide = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 8, 3, stride=2))
+    assert conv_algorithms_of_model(ai3.convert(wide), (1, 16, 8, 8)) == ["winograd", "gemm"]
 
 
 def test_summary_reports_every_layer():
