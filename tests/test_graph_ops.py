@@ -159,6 +159,40 @@ def test_conv_bn_activation_fused(act, algo, dtype):
     assert rows[0]["algorithm"] == algo
 
 
+class PreActivation(nn.Module):
+    """DenseNet's layout: BatchNorm and activation after a concatenation, so the
+    BatchNorm cannot fold into a convolution; ``share`` also reads its output."""
+
+    def __init__(self, act: nn.Module, share: bool = False):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 2, 1), nn.Conv2d(3, 3, 1)
+        self.bn, self.act, self.share = _random_bn(5), act, share
+        self.conv = nn.Conv2d(5, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.bn(torch.cat([self.a(x), self.b(x)], 1))
+        z = self.conv(self.act(y))
+        return torch.cat([z, y], 1) if self.share else z
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.Hardtanh(-0.5, 0.25), nn.SiLU(), nn.GELU("tanh")])
+def test_batchnorm_activation_fused_after_cat(act, dtype):
+    model = check(PreActivation(act), dtype, torch.randn(2, 3, 6, 5))
+    rows = model.summary((2, 3, 6, 5))
+    bn = [r for r in rows if r["op"] == "batchnorm2d"]
+    assert len(bn) == 1 and bn[0]["fused"] is not None, rows
+    assert not any(r["op"] == bn[0]["fused"] for r in rows), rows
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_batchnorm_activation_not_fused_when_batchnorm_output_is_shared(dtype):
+    model = check(PreActivation(nn.ReLU(), share=True), dtype, torch.randn(2, 3, 6, 5))
+    rows = model.summary((2, 3, 6, 5))
+    assert [r["fused"] for r in rows if r["op"] == "batchnorm2d"] == [None], rows
+    assert "relu" in [r["op"] for r in rows], rows
+
+
 class SharedConvOutput(nn.Module):
     """The conv output feeds the BatchNorm and the residual add: no folding allowed."""
 

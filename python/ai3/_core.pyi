@@ -58,6 +58,7 @@ class Model:
         running_var: Any,
         eps: float,
         algorithm: str,
+        activation: tuple[str, list[float]] | None = None,
     ) -> int: ...
     def layernorm(
         self,

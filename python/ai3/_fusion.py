@@ -1,5 +1,6 @@
 """Convert-time rewrites: BatchNorm folded into the convolution before it, and
-activations fused into the convolution or linear layer that feeds them.
+activations fused into the convolution, linear or (unfolded) batch norm layer
+that feeds them.
 
 Both only fire when the producer's value has no other reader, so the
 rewritten network computes the same function. The algorithm the user chose
@@ -16,7 +17,7 @@ import torch
 from . import _core
 from ._lowering import Alias, Lowerer, Step
 
-#: Activations a convolution or linear layer can apply to its own output.
+#: Activations a convolution, linear or batch norm layer can apply to its own output.
 FUSABLE = {
     "relu",
     "relu6",
@@ -78,7 +79,7 @@ def apply(lw: Lowerer, algo_of: dict[int, str]) -> list[Step]:
             lw.kind[bn.node] = Alias(conv.node)
             steps.remove(bn)
     for act in [s for s in steps if s.op in FUSABLE]:
-        prod = _producer(lw, steps, act, ("conv2d", "linear"))
+        prod = _producer(lw, steps, act, ("conv2d", "linear", "batchnorm2d"))
         # An activation that runs the user's C++ must stay a node of its own.
         if _core.runs_custom(act.op, algo_of[id(act)]):
             continue

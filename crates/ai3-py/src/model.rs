@@ -224,9 +224,10 @@ impl Model {
         self.push(name, vec![x], || Ok(Softmax::new(dim)))
     }
 
-    /// Adds eval-mode batch norm reading value `x` (`[N, C]`, `[C, H, W]` or `[N, C, H, W]`).
+    /// Adds eval-mode batch norm reading value `x` (`[N, C]`, `[C, H, W]` or `[N, C, H, W]`);
+    /// `activation=(name, params)` fuses an activation into its output.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (name, x, weight, bias, running_mean, running_var, eps, algorithm))]
+    #[pyo3(signature = (name, x, weight, bias, running_mean, running_var, eps, algorithm, activation = None))]
     fn batchnorm2d(
         &mut self,
         name: &str,
@@ -237,16 +238,18 @@ impl Model {
         running_var: &Bound<'_, PyAny>,
         eps: f64,
         algorithm: &str,
+        activation: Option<(String, Vec<f64>)>,
     ) -> PyResult<ValueId> {
         let op = OpKind::BatchNorm2d;
         parse_request(op, algorithm)?;
+        let act = parse_activation(activation)?;
         let (weight, bias) = (self.optional(weight, op)?, self.optional(bias, op)?);
         let (mean, var) = (
             self.weight(running_mean, op)?,
             self.weight(running_var, op)?,
         );
         self.push(name, vec![x], || {
-            BatchNorm2d::new(weight, bias, mean, var, eps)
+            Ok(BatchNorm2d::new(weight, bias, mean, var, eps)?.with_activation(act))
         })
     }
 

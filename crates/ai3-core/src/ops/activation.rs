@@ -1,7 +1,7 @@
 //! Elementwise activations: one operation type for every activation, and the
 //! [`ActivationKind`] that convolution and linear layers fuse as an epilogue.
 
-use ai3_kernels::cpu::activation::{map, map_inplace, scalar};
+use ai3_kernels::cpu::activation::{map, map_inplace};
 use ai3_kernels::custom;
 use ai3_kernels::Float;
 
@@ -41,14 +41,17 @@ pub enum ActivationKind {
     Tanh,
 }
 
-fn lit<T: Float>(v: f64) -> T {
+pub(super) fn lit<T: Float>(v: f64) -> T {
     T::from_f64(v).unwrap_or_else(T::nan)
 }
 
 /// Calls `$f(.., g)` with `g` the scalar function of `$kind` at element type
 /// `$t`, so the match happens once per call, not once per element.
 macro_rules! with_scalar_fn {
-    ($kind:expr, $t:ty, $f:ident($($arg:expr),*)) => {
+    ($kind:expr, $t:ty, $f:ident($($arg:expr),*)) => {{
+        use $crate::ops::activation::lit;
+        use $crate::ops::ActivationKind;
+        use ::ai3_kernels::cpu::activation::scalar;
         match $kind {
             ActivationKind::Relu => $f($($arg,)* scalar::relu::<$t>),
             ActivationKind::Relu6 => $f($($arg,)* scalar::relu6::<$t>),
@@ -64,8 +67,9 @@ macro_rules! with_scalar_fn {
             ActivationKind::Gelu { tanh: true } => $f($($arg,)* scalar::gelu_tanh::<$t>),
             ActivationKind::Tanh => $f($($arg,)* scalar::tanh::<$t>),
         }
-    };
+    }};
 }
+pub(super) use with_scalar_fn;
 
 impl ActivationKind {
     /// The operation this activation is on its own (`relu6`, `gelu`, ...).

@@ -1,8 +1,9 @@
 //! Normalisation layers: eval-mode batch norm and layer norm.
 
-use ai3_kernels::cpu::norm;
+use ai3_kernels::cpu::norm::{self, scale_shift};
 
-use super::{check_not_empty, check_weight_dtype, single, with_dtype, Operation};
+use super::activation::with_scalar_fn;
+use super::{check_not_empty, check_weight_dtype, single, with_dtype, ActivationKind, Operation};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
@@ -14,11 +15,13 @@ fn values(t: &Tensor) -> Result<Vec<f64>> {
 }
 
 /// `nn.BatchNorm2d` in eval mode: `(x - mean) / sqrt(var + eps) * weight +
-/// bias` per channel, folded once into `x * scale + shift`.
+/// bias` per channel, folded once into `x * scale + shift`, optionally
+/// followed by an activation in the same pass.
 #[derive(Debug)]
 pub struct BatchNorm2d {
     scale: Tensor,
     shift: Tensor,
+    activation: Option<ActivationKind>,
 }
 
 impl BatchNorm2d {
@@ -79,7 +82,15 @@ impl BatchNorm2d {
         Ok(BatchNorm2d {
             scale: Tensor::from_slice(&scale, &[c])?.to_dtype(dtype)?,
             shift: Tensor::from_slice(&shift, &[c])?.to_dtype(dtype)?,
+            activation: None,
         })
+    }
+
+    /// Fuses `activation` (any kind) into the layer: it is applied to each
+    /// element as it is written, saving a pass over the output.
+    pub fn with_activation(mut self, activation: Option<ActivationKind>) -> Self {
+        self.activation = activation;
+        self
     }
 
     /// `(channels, elements per channel plane)` of an input shape.
@@ -126,19 +137,20 @@ impl Operation for BatchNorm2d {
         self.layout(x)?;
         Ok(x.to_vec())
     }
+    fn fused_activation(&self) -> Option<OpKind> {
+        self.activation.map(|a| a.op_kind())
+    }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::BatchNorm2d, inputs)?;
         check_weight_dtype(OpKind::BatchNorm2d, "input", x, self.scale.dtype())?;
         let (c, inner) = self.layout(x.shape())?;
         with_dtype!(x.dtype(), T, {
-            norm::scale_shift::<T>(
-                c,
-                inner,
-                self.scale.as_slice()?,
-                self.shift.as_slice()?,
-                x.as_slice()?,
-                output.as_mut_slice()?,
-            )
+            let (scale, shift) = (self.scale.as_slice::<T>()?, self.shift.as_slice::<T>()?);
+            let (x, out) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
+            match self.activation {
+                Some(a) => with_scalar_fn!(a, T, scale_shift(c, inner, scale, shift, x, out)),
+                None => scale_shift(c, inner, scale, shift, x, out, |v| v),
+            }
         });
         Ok(())
     }

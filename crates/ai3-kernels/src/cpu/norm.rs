@@ -4,15 +4,18 @@ use rayon::prelude::*;
 
 use crate::Float;
 
-/// `output = input * scale[c] + shift[c]` for an input `[batch, channels,
-/// inner]` (batch norm with its statistics folded into `scale` and `shift`).
-pub fn scale_shift<T: Float>(
+/// `output = act(input * scale[c] + shift[c])` for an input `[batch,
+/// channels, inner]` (batch norm with its statistics folded into `scale` and
+/// `shift`, and the activation that follows it applied in the same pass;
+/// `|x| x` for none).
+pub fn scale_shift<T: Float, F: Fn(T) -> T + Sync>(
     channels: usize,
     inner: usize,
     scale: &[T],
     shift: &[T],
     input: &[T],
     output: &mut [T],
+    act: F,
 ) {
     debug_assert_eq!(scale.len(), channels);
     debug_assert_eq!(shift.len(), channels);
@@ -22,7 +25,7 @@ pub fn scale_shift<T: Float>(
     }
     let plane = |(i, (o, x)): (usize, (&mut [T], &[T]))| {
         let (a, b) = (scale[i % channels], shift[i % channels]);
-        o.iter_mut().zip(x).for_each(|(o, &x)| *o = x * a + b);
+        o.iter_mut().zip(x).for_each(|(o, &x)| *o = act(x * a + b));
     };
     if inner >= 64 {
         output
@@ -99,11 +102,15 @@ mod tests {
                 .map(|i| x[i] * a[(i / inner) % c] + b[(i / inner) % c])
                 .collect();
             let mut out = vec![f64::NAN; x.len()];
-            scale_shift(c, inner, &a, &b, &x, &mut out);
+            scale_shift(c, inner, &a, &b, &x, &mut out, |v| v);
             assert_close(&out, &want, 1e-14, "f64");
             let mut out32 = vec![f32::NAN; x.len()];
-            scale_shift(c, inner, &cast(&a), &cast(&b), &cast(&x), &mut out32);
+            scale_shift(c, inner, &cast(&a), &cast(&b), &cast(&x), &mut out32, |v| v);
             assert_close(&out32, &want, 1e-6, "f32");
+            // The fused activation sees the affine result.
+            let want_relu: Vec<f64> = want.iter().map(|v| v.max(0.0)).collect();
+            scale_shift(c, inner, &a, &b, &x, &mut out, |v: f64| v.max(0.0));
+            assert_close(&out, &want_relu, 1e-14, "f64 relu");
         }
     }
 
