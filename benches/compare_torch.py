@@ -26,6 +26,11 @@ import ai3
 import torch
 from torch import nn
 
+#: Each case runs for at least this long (both sides together), in rounds.
+MIN_SECONDS = 5.0
+#: ... but stops after this many rounds.
+MAX_ROUNDS = 200
+
 #: The paper's evaluation shapes: batch 10, 3x3 kernels, padding 1.
 CONV_SHAPES = [(3, 64, 224), (64, 128, 112), (256, 256, 28), (512, 512, 14)]
 CONV_ALGOS = ["direct", "smm", "gemm", "winograd", "fft", "default"]
@@ -52,7 +57,8 @@ def compare(
     repeat: int,
     swap: bool = False,
 ) -> dict:
-    """One row: PyTorch's time and ai3's, measured alternately so drift hits both.
+    """One row: PyTorch's time and ai3's, measured alternately so drift hits both:
+    medians over at least ``repeat`` rounds and at least ``MIN_SECONDS``.
 
     ai3 runs ``convert(module, algos)``, or with ``swap`` a copy of ``module``
     whose convolutions ``swap_conv2d`` replaced (the rest stays PyTorch)."""
@@ -63,7 +69,12 @@ def compare(
         model = ai3.convert(module, algos)
     with torch.inference_mode():
         t_torch, t_ai3 = [], []
-        for _ in range(repeat):
+        start = time.perf_counter()
+        # At least `repeat` rounds and MIN_SECONDS of them, so that a short
+        # case's median is not decided by one noisy second of a shared machine.
+        while len(t_ai3) < repeat or (
+            time.perf_counter() - start < MIN_SECONDS and len(t_ai3) < MAX_ROUNDS
+        ):
             t_torch.append(timeit(lambda: module(x), 1))
             t_ai3.append(timeit(lambda: model(x), 1))
     tt, ta = statistics.median(t_torch), statistics.median(t_ai3)
