@@ -296,10 +296,13 @@ def test_default_algorithm_resolves_in_summary():
     # The ReLUs are fused into the convolutions before them.
     by_op = {r["op"]: r["algorithm"] for r in model.summary(INPUT_SHAPE)}
     assert by_op == {"conv2d": "direct", "flatten": "direct", "linear": "gemm"}
-    # With enough input channels, 'default' is winograd on 3x3 stride-1 layers
-    # and gemm on the rest.
-    wide = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 8, 3, stride=2))
-    assert conv_algorithms_of_model(ai3.convert(wide), (1, 16, 8, 8)) == ["winograd", "gemm"]
+    # With enough channels, 'default' is winograd on 3x3 stride-1 layers and
+    # gemm on the rest; thin 3x3 stride-1 layers go to direct.
+    wide = nn.Sequential(
+        nn.Conv2d(96, 128, 3, padding=1), nn.Conv2d(128, 16, 3, stride=2), nn.Conv2d(16, 16, 3)
+    )
+    algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 9, 9))
+    assert algos == ["winograd", "gemm", "direct"]
 
 
 def test_summary_reports_every_layer():

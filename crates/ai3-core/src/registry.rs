@@ -119,10 +119,17 @@ fn everywhere(_: &Problem) -> bool {
 /// convolutions) are left to direct convolution by `'default'`.
 const FEW_INPUT_CHANNELS: usize = 16;
 
-/// Winograd's transforms are memory-bound when a group has few input channels
-/// (the 3-channel input layer); those go to direct convolution.
+/// Winograd's transforms cost per tile in proportion to `icg + ocg`, its
+/// GEMMs to `icg * ocg`. Below `icg * ocg / (icg + ocg) = 32` (DenseNet's
+/// 128 -> 32, GoogLeNet's 32 -> 96, 16 -> 64) the transforms dominate and
+/// direct convolution measured 10-40% faster at batch 1 and 10; from 64 -> 64
+/// up Winograd measured about even on small images and 10-35% faster on large
+/// ones (64 -> 64 at 224x224, batch 10: 131 ms against direct's 177).
 fn winograd_preferred(problem: &Problem) -> bool {
-    matches!(problem, Problem::Conv2d(p) if p.in_channels_per_group() >= FEW_INPUT_CHANNELS)
+    matches!(problem, Problem::Conv2d(p) if {
+        let (icg, ocg) = (p.in_channels_per_group(), p.out_channels_per_group());
+        icg >= FEW_INPUT_CHANNELS && icg * ocg >= 32 * (icg + ocg)
+    })
 }
 
 /// With few input channels per group im2col unrolls a short, wide matrix that
@@ -130,11 +137,14 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// read the input in place and measured 1.3-1.8x faster than im2col + GEMM on
 /// the 3-channel input layers of resnet50, alexnet and squeezenet (batch 1 and
 /// 10) and on stride-1 depthwise layers. Strided depthwise layers are the
-/// exception: there GEMM measured 2x faster at batch 10.
+/// exception: there GEMM measured 2x faster at batch 10. Direct also takes
+/// the 3x3 stride-1 layers too thin for Winograd (see `winograd_preferred`),
+/// where it measured as fast as GEMM or faster.
 fn direct_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p)
-        if p.in_channels_per_group() < FEW_INPUT_CHANNELS
+        if (p.in_channels_per_group() < FEW_INPUT_CHANNELS
             && (p.groups == 1 || p.stride == (1, 1)))
+            || (winograd::check(p).is_ok() && !winograd_preferred(problem)))
 }
 
 fn gemm_preferred(problem: &Problem) -> bool {
@@ -481,12 +491,15 @@ mod tests {
         let with_channels = |c: usize, k: usize, stride: usize| match conv(k, stride) {
             Problem::Conv2d(p) => Problem::Conv2d(Conv2dParams {
                 in_channels: c,
+                out_channels: c,
                 ..p
             }),
             other => other,
         };
         let pick = |p: Problem| resolve(OpKind::Conv2d, Request::Default, DeviceKind::Cpu, &p);
         assert_eq!(pick(with_channels(64, 3, 1)).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(with_channels(32, 3, 1)).unwrap(), Algorithm::Direct);
+        assert_eq!(pick(with_channels(16, 3, 1)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(with_channels(3, 3, 1)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(with_channels(3, 7, 2)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(with_channels(64, 3, 2)).unwrap(), Algorithm::Gemm);
