@@ -193,6 +193,46 @@ def test_batchnorm_activation_not_fused_when_batchnorm_output_is_shared(dtype):
     assert "relu" in [r["op"] for r in rows], rows
 
 
+class Residual(nn.Module):
+    """An activation after elementwise arithmetic: ``act(conv(x) op y)``, with
+    ``y`` broadcast or a scalar; ``share`` also returns the arithmetic's result."""
+
+    def __init__(self, op, act: nn.Module, share: bool = False):
+        super().__init__()
+        self.conv, self.op, self.act, self.share = nn.Conv2d(3, 4, 1), op, act, share
+
+    def forward(self, x):
+        y = self.op(self.conv(x), x.mean(1, keepdim=True))
+        z = self.act(y)
+        return torch.cat([z, y], 1) if self.share else z
+
+
+RESIDUAL_OPS = {
+    "add": lambda a, b: a + b,
+    "sub_broadcast": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "rsub_scalar": lambda a, b: 0.5 - a,
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("op", RESIDUAL_OPS, ids=list(RESIDUAL_OPS))
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.Hardtanh(-0.5, 0.25), nn.Sigmoid()])
+def test_activation_fused_into_elementwise_arithmetic(op, act, dtype):
+    model = check(Residual(RESIDUAL_OPS[op], act), dtype, torch.randn(2, 3, 5, 4))
+    ops = [(r["op"], r["fused"]) for r in model.summary((2, 3, 5, 4))]
+    arith = [f for o, f in ops if o in ("add", "sub", "mul")]
+    assert len(arith) == 1 and arith[0] is not None, ops
+    assert arith[0] not in [o for o, _ in ops], ops
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_activation_not_fused_when_arithmetic_output_is_shared(dtype):
+    model = check(Residual(RESIDUAL_OPS["add"], nn.ReLU(), True), dtype, torch.randn(2, 3, 5, 4))
+    ops = [(r["op"], r["fused"]) for r in model.summary((2, 3, 5, 4))]
+    assert ("add", None) in ops and ("relu", None) in ops, ops
+
+
 class SharedConvOutput(nn.Module):
     """The conv output feeds the BatchNorm and the residual add: no folding allowed."""
 

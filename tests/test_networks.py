@@ -93,10 +93,13 @@ def test_resnet18_with_each_conv_algorithm(algo):
 
 def test_batchnorm_is_folded_and_relu_fused():
     model = run("resnet18", 32, batch=1)
-    ops = [r["op"] for r in model.summary((1, 3, 32, 32))]
+    rows = model.summary((1, 3, 32, 32))
+    ops = [r["op"] for r in rows]
     assert "batchnorm2d" not in ops, "every BatchNorm of resnet18 follows a conv and must be folded"
-    # ReLUs after a conv are fused; the ones after a residual add remain.
-    assert ops.count("relu") == ops.count("add")
+    # Every ReLU follows a conv or a residual add, and is fused into it.
+    assert "relu" not in ops
+    assert ops.count("add") == 8
+    assert all(r["fused"] == "relu" for r in rows if r["op"] == "add"), rows
 
 
 def test_arena_is_reused_and_smaller_than_all_intermediates():

@@ -1,6 +1,6 @@
 """Convert-time rewrites: BatchNorm folded into the convolution before it, and
-activations fused into the convolution, linear or (unfolded) batch norm layer
-that feeds them.
+activations fused into the convolution, linear, (unfolded) batch norm or
+elementwise arithmetic node that feeds them.
 
 Both only fire when the producer's value has no other reader, so the
 rewritten network computes the same function. The algorithm the user chose
@@ -17,7 +17,7 @@ import torch
 from . import _core
 from ._lowering import Alias, Lowerer, Step
 
-#: Activations a convolution, linear or batch norm layer can apply to its own output.
+#: Activations a producer in ``PRODUCERS`` can apply to its own output.
 FUSABLE = {
     "relu",
     "relu6",
@@ -29,6 +29,10 @@ FUSABLE = {
     "tanh",
     "gelu",
 }
+
+
+#: Nodes that can apply an activation to their own output as they write it.
+PRODUCERS = ("conv2d", "linear", "batchnorm2d", "add", "sub", "mul", "div")
 
 
 def _readers(lw: Lowerer, steps: list[Step]) -> dict[torch.fx.Node, int]:
@@ -79,7 +83,7 @@ def apply(lw: Lowerer, algo_of: dict[int, str]) -> list[Step]:
             lw.kind[bn.node] = Alias(conv.node)
             steps.remove(bn)
     for act in [s for s in steps if s.op in FUSABLE]:
-        prod = _producer(lw, steps, act, ("conv2d", "linear", "batchnorm2d"))
+        prod = _producer(lw, steps, act, PRODUCERS)
         # An activation that runs the user's C++ must stay a node of its own.
         if _core.runs_custom(act.op, algo_of[id(act)]):
             continue

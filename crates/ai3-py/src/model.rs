@@ -176,8 +176,10 @@ impl Model {
     }
 
     /// Adds `add`/`sub`/`mul`/`div` of two broadcast values, or of one value and
-    /// `scalar` (on the left when `scalar_first`).
-    #[pyo3(signature = (name, kind, inputs, scalar, scalar_first, algorithm))]
+    /// `scalar` (on the left when `scalar_first`); `activation=(name, params)`
+    /// fuses an activation into its output.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, kind, inputs, scalar, scalar_first, algorithm, activation = None))]
     fn binary(
         &mut self,
         name: &str,
@@ -186,10 +188,12 @@ impl Model {
         scalar: Option<f64>,
         scalar_first: bool,
         algorithm: &str,
+        activation: Option<(String, Vec<f64>)>,
     ) -> PyResult<ValueId> {
         let kind = BinaryKind::from_name(kind).map_err(to_py)?;
         parse_request(kind.op_kind(), algorithm)?;
-        let op = Binary::new(kind, scalar, scalar_first);
+        let act = parse_activation(activation)?;
+        let op = Binary::new(kind, scalar, scalar_first).with_activation(act);
         if inputs.len() != op.num_inputs() {
             return Err(to_py(Error::invalid(
                 kind.op_kind().name(),

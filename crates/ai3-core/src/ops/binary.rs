@@ -3,7 +3,8 @@
 use ai3_kernels::cpu::binary;
 use ai3_kernels::params::broadcast_shape;
 
-use super::{elements, elements_mut, with_dtype, Operation};
+use super::activation::with_scalar_fn;
+use super::{elements, elements_mut, with_dtype, ActivationKind, Operation};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
@@ -50,24 +51,27 @@ impl BinaryKind {
     }
 }
 
-/// Calls `$f(.., g)` with `g` the closure of `$kind`, matching once per call.
+/// Calls `$f(.., g)` with `g` the closure `post(a op b)` of `$kind`, matching
+/// once per call.
 macro_rules! with_binary_fn {
-    ($kind:expr, $f:path, ($($arg:expr),*)) => {
+    ($kind:expr, $post:ident, $f:path, ($($arg:expr),*)) => {
         match $kind {
-            BinaryKind::Add => $f($($arg,)* |a, b| a + b),
-            BinaryKind::Sub => $f($($arg,)* |a, b| a - b),
-            BinaryKind::Mul => $f($($arg,)* |a, b| a * b),
-            BinaryKind::Div => $f($($arg,)* |a, b| a / b),
+            BinaryKind::Add => $f($($arg,)* |a, b| $post(a + b)),
+            BinaryKind::Sub => $f($($arg,)* |a, b| $post(a - b)),
+            BinaryKind::Mul => $f($($arg,)* |a, b| $post(a * b)),
+            BinaryKind::Div => $f($($arg,)* |a, b| $post(a / b)),
         }
     };
 }
 
-/// `a op b` for two tensors (broadcast), or `x op scalar` / `scalar op x`.
+/// `a op b` for two tensors (broadcast), or `x op scalar` / `scalar op x`,
+/// optionally followed by an activation in the same pass.
 #[derive(Debug, Clone, Copy)]
 pub struct Binary {
     kind: BinaryKind,
     scalar: Option<f64>,
     scalar_first: bool,
+    activation: Option<ActivationKind>,
 }
 
 impl Binary {
@@ -79,7 +83,15 @@ impl Binary {
             kind,
             scalar,
             scalar_first,
+            activation: None,
         }
+    }
+
+    /// Fuses `activation` (any kind) into the node: applied to each result
+    /// as it is written (ResNet's `relu(out + identity)`).
+    pub fn with_activation(mut self, activation: Option<ActivationKind>) -> Self {
+        self.activation = activation;
+        self
     }
 
     /// How many tensor inputs the node reads.
@@ -92,38 +104,10 @@ impl Binary {
     }
 
     fn run<T: Element>(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
-        let out = elements_mut::<T>(output)?;
-        match (inputs, self.scalar) {
-            ([x], Some(s)) => {
-                let s = T::from_f64(s).unwrap_or_else(T::nan);
-                let first = self.scalar_first;
-                with_binary_fn!(
-                    self.kind,
-                    binary::scalar,
-                    (elements::<T>(x)?, s, first, out)
-                )
-            }
-            ([a, b], None) if a.shape() == b.shape() => {
-                with_binary_fn!(
-                    self.kind,
-                    binary::same_shape,
-                    (elements::<T>(a)?, elements::<T>(b)?, out)
-                )
-            }
-            ([a, b], None) => with_binary_fn!(
-                self.kind,
-                binary::broadcast,
-                (
-                    elements::<T>(a)?,
-                    a.shape(),
-                    elements::<T>(b)?,
-                    b.shape(),
-                    out
-                )
-            ),
-            _ => return Err(self.arity_error(inputs.len())),
+        match self.activation {
+            Some(a) => with_scalar_fn!(a, T, run_then(self, inputs, output)),
+            None => run_then(self, inputs, output, |v: T| v),
         }
-        Ok(())
     }
 
     fn arity_error(&self, got: usize) -> Error {
@@ -142,12 +126,59 @@ impl Binary {
     }
 }
 
+/// Runs `op` with `post` applied to each result.
+fn run_then<T: Element, G: Fn(T) -> T + Sync + Copy>(
+    op: &Binary,
+    inputs: &[&Tensor],
+    output: &mut Tensor,
+    post: G,
+) -> Result<()> {
+    let out = elements_mut::<T>(output)?;
+    match (inputs, op.scalar) {
+        ([x], Some(s)) => {
+            let s = T::from_f64(s).unwrap_or_else(T::nan);
+            let first = op.scalar_first;
+            with_binary_fn!(
+                op.kind,
+                post,
+                binary::scalar,
+                (elements::<T>(x)?, s, first, out)
+            )
+        }
+        ([a, b], None) if a.shape() == b.shape() => {
+            with_binary_fn!(
+                op.kind,
+                post,
+                binary::same_shape,
+                (elements::<T>(a)?, elements::<T>(b)?, out)
+            )
+        }
+        ([a, b], None) => with_binary_fn!(
+            op.kind,
+            post,
+            binary::broadcast,
+            (
+                elements::<T>(a)?,
+                a.shape(),
+                elements::<T>(b)?,
+                b.shape(),
+                out
+            )
+        ),
+        _ => return Err(op.arity_error(inputs.len())),
+    }
+    Ok(())
+}
+
 impl Operation for Binary {
     fn kind(&self) -> OpKind {
         self.kind.op_kind()
     }
     fn algorithm_for(&self, _: &[usize]) -> Result<String> {
         Ok(Algorithm::Direct.name().into())
+    }
+    fn fused_activation(&self) -> Option<OpKind> {
+        self.activation.map(|a| a.op_kind())
     }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         match (inputs, self.scalar) {
