@@ -235,9 +235,12 @@ impl Conv2d {
             Algorithm::Fft => fft::conv2d(p, x, w, b, out),
             Algorithm::Winograd => {
                 let filter = self.winograd_filter.get_or_init(|| {
-                    let f = winograd::transform_filter(p, w);
-                    let len = f.len();
-                    Tensor::from_slice(&f, &[len]).unwrap_or_else(|_| Tensor::zeros(T::DTYPE, &[0]))
+                    let len = winograd::transformed_filter_len(p);
+                    let mut f = Tensor::zeros(T::DTYPE, &[len]);
+                    if let Ok(u) = f.as_mut_slice::<T>() {
+                        winograd::transform_filter_into(p, w, u);
+                    }
+                    f
                 });
                 winograd::conv2d(p, x, filter.as_slice::<T>()?, b, out)
             }

@@ -77,23 +77,56 @@ pub fn transformed_filter_len(p: &Conv2dParams) -> usize {
 ///
 /// Call it once when the model is built; `p` must pass [`check`].
 pub fn transform_filter<T: Float>(p: &Conv2dParams, weight: &[T]) -> Vec<T> {
+    let mut u = vec![T::zero(); transformed_filter_len(p)];
+    transform_filter_into(p, weight, &mut u);
+    u
+}
+
+/// [`transform_filter`] into `u` (of [`transformed_filter_len`] elements), so
+/// the caller chooses where the transformed filter lives.
+pub fn transform_filter_into<T: Float>(p: &Conv2dParams, weight: &[T], u: &mut [T]) {
     debug_assert!(check(p).is_ok());
     debug_assert_eq!(weight.len(), p.weight_len());
     let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
-    let mut u = vec![T::zero(); transformed_filter_len(p)];
-    for o in 0..p.out_channels {
+    assert_eq!(
+        u.len(),
+        transformed_filter_len(p),
+        "transformed filter length"
+    );
+    let dst = SharedMut(u.as_mut_ptr());
+    // One task per output channel; it writes row `o` of each of the 16
+    // matrices, a few dozen input channels at a time, so the 16 write streams
+    // (a matrix apart, which would alias in the caches one element at a time)
+    // advance in runs of whole cache lines.
+    (0..p.out_channels).into_par_iter().for_each(|o| {
+        let dst = &dst;
         let (g, oo) = (o / ocg, o % ocg);
-        for c in 0..icg {
-            let taps = &weight[(o * icg + c) * 9..][..9];
-            let t = filter_tile(taps);
-            for (xi, &v) in t.iter().enumerate() {
-                u[((g * POSITIONS + xi) * ocg + oo) * icg + c] = v;
+        let mut tiles = [[T::zero(); POSITIONS]; FILTER_RUN];
+        for c0 in (0..icg).step_by(FILTER_RUN) {
+            let n = FILTER_RUN.min(icg - c0);
+            for (j, t) in tiles[..n].iter_mut().enumerate() {
+                *t = filter_tile(&weight[(o * icg + c0 + j) * 9..][..9]);
+            }
+            for xi in 0..POSITIONS {
+                // SAFETY: row `oo` of matrix (g, xi) is written by task `o` only,
+                // and [c0, c0 + n) lies inside its icg elements.
+                let row = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        dst.0.add(((g * POSITIONS + xi) * ocg + oo) * icg + c0),
+                        n,
+                    )
+                };
+                for (d, t) in row.iter_mut().zip(&tiles[..n]) {
+                    *d = t[xi];
+                }
             }
         }
-    }
-    u
+    });
 }
+
+/// Input channels [`transform_filter`] transforms before writing them out.
+const FILTER_RUN: usize = 64;
 
 /// Distance in elements between consecutive transform positions' matrices:
 /// `len` rounded up to whole 4 KiB pages plus one cache line, so the 16
