@@ -107,6 +107,10 @@ impl Conv2dParams {
     pub fn output_len(&self) -> usize {
         self.batch * self.out_channels * self.out_h() * self.out_w()
     }
+    /// Multiply-accumulates of the direct definition (what the layer costs).
+    pub fn macs(&self) -> usize {
+        self.output_len() * self.in_channels_per_group() * self.kernel_h * self.kernel_w
+    }
     /// Debug-build check that a kernel's input, bias and output have this
     /// layer's lengths (each kernel checks its own weight form).
     pub fn debug_check_buffers(

@@ -197,8 +197,11 @@ pub fn check_conv_algorithm(name: &str, conv32: ConvFn<f32>, conv64: ConvFn<f64>
 }
 
 /// Runs `f` on a two-thread pool, so the kernels' "many tasks, one thread
-/// each" path is exercised whatever the machine's core count.
+/// each" path is exercised whatever the machine's core count. Convolutions
+/// too small to share run on one thread outside tests; from here on they are
+/// shared anyway, so these small test problems take the parallel paths.
 pub fn on_two_threads(f: impl FnOnce() + Send) {
+    crate::cpu::conv2d::SHARE_SMALL.store(true, std::sync::atomic::Ordering::Relaxed);
     rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()

@@ -190,29 +190,36 @@ pub fn conv2d<T: Float>(
     for n0 in (0..p.batch).step_by(chunk) {
         let nb = chunk.min(p.batch - n0);
         let spectra = &mut spectra[..nb * p.in_channels * spec2];
-        spectra.par_chunks_mut(spec2).enumerate().for_each_init(
-            || Buffers::new(&plan),
-            |buf, (i, dst)| {
-                let plane_len = p.in_h * p.in_w;
-                let plane = &input[(n0 * p.in_channels + i) * plane_len..][..plane_len];
-                forward(p, &plan, plane, dst, buf);
-            },
-        );
+        spectra
+            .par_chunks_mut(spec2)
+            .with_min_len(super::min_len(p))
+            .enumerate()
+            .for_each_init(
+                || Buffers::new(&plan),
+                |buf, (i, dst)| {
+                    let plane_len = p.in_h * p.in_w;
+                    let plane = &input[(n0 * p.in_channels + i) * plane_len..][..plane_len];
+                    forward(p, &plan, plane, dst, buf);
+                },
+            );
         let spectra = &*spectra;
-        (0..p.out_channels).into_par_iter().for_each_init(
-            || Buffers::new(&plan),
-            |buf, o| {
-                accumulate(p, &plan, o, nb, spectra, weight, buf);
-                for i in 0..nb {
-                    let start = ((n0 + i) * p.out_channels + o) * plane_out;
-                    // SAFETY: each (image, output channel) plane is written by
-                    // exactly one task, and it lies inside `output`.
-                    let dst = unsafe { plane_mut(out, start, plane_out) };
-                    let b = bias.map_or(T::zero(), |b| b[o]);
-                    inverse(p, &plan, i, b, dst, buf);
-                }
-            },
-        );
+        (0..p.out_channels)
+            .into_par_iter()
+            .with_min_len(super::min_len(p))
+            .for_each_init(
+                || Buffers::new(&plan),
+                |buf, o| {
+                    accumulate(p, &plan, o, nb, spectra, weight, buf);
+                    for i in 0..nb {
+                        let start = ((n0 + i) * p.out_channels + o) * plane_out;
+                        // SAFETY: each (image, output channel) plane is written by
+                        // exactly one task, and it lies inside `output`.
+                        let dst = unsafe { plane_mut(out, start, plane_out) };
+                        let b = bias.map_or(T::zero(), |b| b[o]);
+                        inverse(p, &plan, i, b, dst, buf);
+                    }
+                },
+            );
     }
 }
 

@@ -24,6 +24,40 @@ use crate::params::Conv2dParams;
 /// Winograd tiles) one call allocates, so memory stays bounded for large images.
 pub(crate) const WORKSPACE_ELEMENTS: usize = 8 << 20;
 
+/// Multiply-accumulates below which a convolution runs on the calling thread
+/// only: waking another thread costs tens of microseconds, more than such a
+/// convolution takes on one.
+const SERIAL_MACS: usize = 1 << 20;
+
+/// Set by the tests that run kernels on two threads, so that their small
+/// problems still take the parallel paths they are there to check.
+#[cfg(test)]
+pub(crate) static SHARE_SMALL: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Threads a convolution may use: 1 when it is too small to share.
+pub(crate) fn threads_for(p: &Conv2dParams) -> usize {
+    let small = p.macs() < SERIAL_MACS;
+    #[cfg(test)]
+    let small = small && !SHARE_SMALL.load(std::sync::atomic::Ordering::Relaxed);
+    if small {
+        1
+    } else {
+        rayon::current_num_threads()
+    }
+}
+
+/// Fewest items per rayon task for the parallel loops of `p` (for
+/// `with_min_len`): all of them when `p` is too small to share, so the loop
+/// runs inline and wakes no other thread.
+pub(crate) fn min_len(p: &Conv2dParams) -> usize {
+    if threads_for(p) == 1 {
+        usize::MAX
+    } else {
+        1
+    }
+}
+
 /// The output indices `o` in `[start, end)` for which the input index
 /// `o * stride + offset - pad` lands inside `[0, in_len)`.
 ///
@@ -79,7 +113,7 @@ where
         return;
     }
     let tasks = p.batch * p.groups;
-    let threads = rayon::current_num_threads();
+    let threads = threads_for(p);
     if threads > 1 && tasks >= threads {
         let budget = TaskBudget {
             workspace: (WORKSPACE_ELEMENTS / threads).max(1),

@@ -51,6 +51,7 @@ impl<T: Float> Padded<T> {
             buf[..planes * chan_stride]
                 .par_chunks_mut(chan_stride)
                 .zip(input.par_chunks(plane_in))
+                .with_min_len(super::min_len(p))
                 .for_each(|(dst, src)| {
                     for (iy, src_row) in src.chunks_exact(p.in_w).enumerate() {
                         let row = &mut dst[(iy + pt) * row_stride..][..row_stride];

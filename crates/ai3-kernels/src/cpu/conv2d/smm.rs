@@ -109,6 +109,7 @@ fn run<T: Float>(
     let mut packed = vec![T::zero(); p.groups * nob * wblock];
     packed
         .par_chunks_mut(wblock)
+        .with_min_len(super::min_len(p))
         .enumerate()
         .for_each(|(gb, dst)| {
             let (g, ob) = (gb / nob, gb % nob);
@@ -126,65 +127,68 @@ fn run<T: Float>(
         });
 
     let out = SendPtr(output.as_mut_ptr());
-    (0..ntasks).into_par_iter().for_each_init(
-        || vec![T::zero(); mo * rows * owp + vl],
-        |buf, t| {
-            let out = &out;
-            // Whole-vector, 64-byte aligned accumulator rows.
-            let align = buf.as_ptr().align_offset(64).min(vl);
-            let acc = &mut buf[align..align + mo * rows * owp];
-            let rt = t % nrt;
-            let ob = (t / nrt) % nob;
-            let g = (t / (nrt * nob)) % p.groups;
-            let n = t / (nrt * nob * p.groups);
-            let y0 = rt * rows;
-            let nr = rows.min(oh - y0);
-            let o0 = g * ocg + ob * mo;
-            let nm = mo.min(ocg - ob * mo);
-            let tile = nr * owp;
-            for m in 0..nm {
-                acc[m * tile..(m + 1) * tile].fill(bias.map_or(T::zero(), |b| b[o0 + m]));
-            }
-            let img = &pad.buf[n * pad.img_stride + g * icg * pad.chan_stride..];
-            let wb = &packed[(g * nob + ob) * wblock..][..wblock];
-            let mut pass = Pass {
-                src: std::ptr::null(),
-                offs: [0; MAX_FUSED],
-                src_stride,
-                acc: acc.as_mut_ptr(),
-                tile,
-                rows: nr,
-                cols: owp,
-                w: std::ptr::null(),
-                w_stride: kw,
-                nm,
-            };
-            for c in 0..icg {
-                let plane = &img[c * pad.chan_stride + y0 * src_stride..];
-                for ky in 0..kh {
-                    let row_taps = &taps[ky * kw..(ky + 1) * kw];
-                    let w_row = &wb[(c * kh + ky) * mo * kw..];
-                    for (ci, chunk) in row_taps.chunks(MAX_FUSED).enumerate() {
-                        pass.src = plane.as_ptr();
-                        pass.offs[..chunk.len()].copy_from_slice(chunk);
-                        pass.w = w_row[ci * MAX_FUSED..].as_ptr();
-                        // SAFETY: the source rows lie in the padded buffer
-                        // (reads past `ow` stay in its slack), the weights in
-                        // the block, the accumulators in `acc`.
-                        unsafe { passes[chunk.len() - 1](&pass) };
+    (0..ntasks)
+        .into_par_iter()
+        .with_min_len(super::min_len(p))
+        .for_each_init(
+            || vec![T::zero(); mo * rows * owp + vl],
+            |buf, t| {
+                let out = &out;
+                // Whole-vector, 64-byte aligned accumulator rows.
+                let align = buf.as_ptr().align_offset(64).min(vl);
+                let acc = &mut buf[align..align + mo * rows * owp];
+                let rt = t % nrt;
+                let ob = (t / nrt) % nob;
+                let g = (t / (nrt * nob)) % p.groups;
+                let n = t / (nrt * nob * p.groups);
+                let y0 = rt * rows;
+                let nr = rows.min(oh - y0);
+                let o0 = g * ocg + ob * mo;
+                let nm = mo.min(ocg - ob * mo);
+                let tile = nr * owp;
+                for m in 0..nm {
+                    acc[m * tile..(m + 1) * tile].fill(bias.map_or(T::zero(), |b| b[o0 + m]));
+                }
+                let img = &pad.buf[n * pad.img_stride + g * icg * pad.chan_stride..];
+                let wb = &packed[(g * nob + ob) * wblock..][..wblock];
+                let mut pass = Pass {
+                    src: std::ptr::null(),
+                    offs: [0; MAX_FUSED],
+                    src_stride,
+                    acc: acc.as_mut_ptr(),
+                    tile,
+                    rows: nr,
+                    cols: owp,
+                    w: std::ptr::null(),
+                    w_stride: kw,
+                    nm,
+                };
+                for c in 0..icg {
+                    let plane = &img[c * pad.chan_stride + y0 * src_stride..];
+                    for ky in 0..kh {
+                        let row_taps = &taps[ky * kw..(ky + 1) * kw];
+                        let w_row = &wb[(c * kh + ky) * mo * kw..];
+                        for (ci, chunk) in row_taps.chunks(MAX_FUSED).enumerate() {
+                            pass.src = plane.as_ptr();
+                            pass.offs[..chunk.len()].copy_from_slice(chunk);
+                            pass.w = w_row[ci * MAX_FUSED..].as_ptr();
+                            // SAFETY: the source rows lie in the padded buffer
+                            // (reads past `ow` stay in its slack), the weights in
+                            // the block, the accumulators in `acc`.
+                            unsafe { passes[chunk.len() - 1](&pass) };
+                        }
                     }
                 }
-            }
-            for m in 0..nm {
-                for r in 0..nr {
-                    let dst = (n * p.out_channels + o0 + m) * plane_out + (y0 + r) * ow;
-                    let row = &acc[m * tile + r * owp..][..ow];
-                    // SAFETY: each (image, channel, row) is written by one task only.
-                    unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), out.0.add(dst), ow) };
+                for m in 0..nm {
+                    for r in 0..nr {
+                        let dst = (n * p.out_channels + o0 + m) * plane_out + (y0 + r) * ow;
+                        let row = &acc[m * tile + r * owp..][..ow];
+                        // SAFETY: each (image, channel, row) is written by one task only.
+                        unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), out.0.add(dst), ow) };
+                    }
                 }
-            }
-        },
-    );
+            },
+        );
 }
 
 /// The fastest fused-pass kernels for `T`, indexed by the number of taps - 1.

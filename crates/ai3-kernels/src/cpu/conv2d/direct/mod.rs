@@ -17,6 +17,7 @@ mod kernel;
 use rayon::prelude::*;
 
 use super::padded::{Padded, SendPtr};
+use super::{min_len, threads_for};
 use crate::params::Conv2dParams;
 use crate::Float;
 use kernel::{Tile, NV_MAX};
@@ -94,6 +95,7 @@ fn run<T: Float>(
     packed
         .par_chunks_mut(wblock)
         .zip(pbias.par_chunks_mut(mr))
+        .with_min_len(min_len(p))
         .enumerate()
         .for_each(|(gb, (dst, db))| {
             let (g, ob) = (gb / nob, gb % nob);
@@ -110,63 +112,66 @@ fn run<T: Float>(
     // Tasks: (group, slot chunk, oc chunk).
     let ob_chunk = (WEIGHT_CHUNK_BYTES / (wblock * std::mem::size_of::<T>()).max(1)).clamp(1, nob);
     let n_obc = nob.div_ceil(ob_chunk);
-    let threads = rayon::current_num_threads();
+    let threads = threads_for(p);
     let sg_chunk = (nsg * n_obc * p.groups / (16 * threads)).clamp(1, 64);
     let n_sgc = nsg.div_ceil(sg_chunk);
     let ntasks = p.groups * n_sgc * n_obc;
 
     let out = SendPtr(output.as_mut_ptr());
     let inp = SendPtr(pad.buf.as_ptr() as *mut T);
-    (0..ntasks).into_par_iter().for_each(|t| {
-        let (out, inp) = (&out, &inp);
-        let g = t / (n_sgc * n_obc);
-        let sgc = (t / n_obc) % n_sgc;
-        let obc = t % n_obc;
-        let in_g = g * icg * pad.chan_stride;
-        let out_g = g * ocg * plane_out;
-        let mut a = Tile {
-            inp: [std::ptr::null(); NV_MAX],
-            out: [std::ptr::null_mut(); NV_MAX],
-            len: [0; NV_MAX],
-            w: std::ptr::null(),
-            bias: std::ptr::null(),
-            icg,
-            chan_stride: pad.chan_stride,
-            taps: taps.as_ptr(),
-            ntaps,
-            oc_stride: plane_out,
-            mr_valid: 0,
-        };
-        let mut o_offs = [0usize; NV_MAX];
-        for sg in sgc * sg_chunk..((sgc + 1) * sg_chunk).min(nsg) {
-            // `v` indexes three arrays in lockstep.
-            #[allow(clippy::needless_range_loop)]
-            for v in 0..nv {
-                let s = sg * nv + v;
-                // A padding slot re-reads the group's first pixel and writes nothing.
-                let (i_off, o_off, len) = slots.get(s).copied().unwrap_or((0, 0, 0));
-                // SAFETY: offsets were computed inside the padded buffer and
-                // the output; reads past a row stay inside the buffer's slack.
-                a.inp[v] = unsafe { inp.0.add(in_g + i_off) };
-                o_offs[v] = out_g + o_off;
-                a.len[v] = len;
-            }
-            for ob in obc * ob_chunk..((obc + 1) * ob_chunk).min(nob) {
-                let gb = g * nob + ob;
-                a.w = packed[gb * wblock..].as_ptr();
-                a.bias = pbias[gb * mr..].as_ptr();
-                a.mr_valid = mr.min(ocg - ob * mr);
-                // SAFETY: block-relative output offsets (ob * mr channels on)
-                // are written by this task only.
-                unsafe {
-                    for (dst, &o_off) in a.out.iter_mut().zip(&o_offs).take(nv) {
-                        *dst = out.0.add(o_off + ob * mr * plane_out);
+    (0..ntasks)
+        .into_par_iter()
+        .with_min_len(min_len(p))
+        .for_each(|t| {
+            let (out, inp) = (&out, &inp);
+            let g = t / (n_sgc * n_obc);
+            let sgc = (t / n_obc) % n_sgc;
+            let obc = t % n_obc;
+            let in_g = g * icg * pad.chan_stride;
+            let out_g = g * ocg * plane_out;
+            let mut a = Tile {
+                inp: [std::ptr::null(); NV_MAX],
+                out: [std::ptr::null_mut(); NV_MAX],
+                len: [0; NV_MAX],
+                w: std::ptr::null(),
+                bias: std::ptr::null(),
+                icg,
+                chan_stride: pad.chan_stride,
+                taps: taps.as_ptr(),
+                ntaps,
+                oc_stride: plane_out,
+                mr_valid: 0,
+            };
+            let mut o_offs = [0usize; NV_MAX];
+            for sg in sgc * sg_chunk..((sgc + 1) * sg_chunk).min(nsg) {
+                // `v` indexes three arrays in lockstep.
+                #[allow(clippy::needless_range_loop)]
+                for v in 0..nv {
+                    let s = sg * nv + v;
+                    // A padding slot re-reads the group's first pixel and writes nothing.
+                    let (i_off, o_off, len) = slots.get(s).copied().unwrap_or((0, 0, 0));
+                    // SAFETY: offsets were computed inside the padded buffer and
+                    // the output; reads past a row stay inside the buffer's slack.
+                    a.inp[v] = unsafe { inp.0.add(in_g + i_off) };
+                    o_offs[v] = out_g + o_off;
+                    a.len[v] = len;
+                }
+                for ob in obc * ob_chunk..((obc + 1) * ob_chunk).min(nob) {
+                    let gb = g * nob + ob;
+                    a.w = packed[gb * wblock..].as_ptr();
+                    a.bias = pbias[gb * mr..].as_ptr();
+                    a.mr_valid = mr.min(ocg - ob * mr);
+                    // SAFETY: block-relative output offsets (ob * mr channels on)
+                    // are written by this task only.
+                    unsafe {
+                        for (dst, &o_off) in a.out.iter_mut().zip(&o_offs).take(nv) {
+                            *dst = out.0.add(o_off + ob * mr * plane_out);
+                        }
+                        tile(&a);
                     }
-                    tile(&a);
                 }
             }
-        }
-    });
+        });
 }
 
 #[cfg(test)]

@@ -206,7 +206,7 @@ pub fn conv2d<T: Float>(
     if output.is_empty() {
         return;
     }
-    let threads = rayon::current_num_threads();
+    let threads = super::threads_for(p);
     let plan = Plan::new(p, threads);
     let blocks = plan.row_blocks * plan.col_blocks;
     let tasks = p.groups * blocks;
