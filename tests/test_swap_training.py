@@ -291,6 +291,48 @@ def test_compile_inductor():
         assert_close(compiled(x), reference(ref, x))
 
 
+def _count_direct_calls(monkeypatch) -> dict:
+    """Counts, per operator, the calls that skip the dispatcher (the eager
+    implementations reached through ``_custom_ops.call``'s fast path)."""
+    from ai3 import _custom_ops
+
+    counts = {op: 0 for op in OPS}
+    for op in OPS:
+        impl = _custom_ops._EAGER[op]
+
+        def counted(*args, _impl=impl, _op=op):
+            counts[_op] += 1
+            return _impl(*args)
+
+        monkeypatch.setitem(_custom_ops._EAGER, op, counted)
+    return counts
+
+
+def test_inference_mode_skips_the_dispatcher(monkeypatch):
+    ref, net, x = make(torch.float32)
+    counts = _count_direct_calls(monkeypatch)
+    with torch.inference_mode():
+        assert_close(net(x), reference(ref, x))
+    # Every swapped layer ran its implementation directly, each once.
+    assert counts == {op: (3 if op == "conv2d" else 2 if op == "relu" else 1) for op in OPS}
+
+
+def test_dispatcher_is_kept_where_it_records_something(monkeypatch):
+    ref, net, x = make(torch.float32)
+    counts = _count_direct_calls(monkeypatch)
+    # Autograd (training), no_grad (not inference mode) and torch.compile under
+    # inference mode all go through torch.ops.ai3.
+    out = net(x)
+    out.sum().backward()
+    with torch.no_grad():
+        assert_close(net(x), reference(ref, x))
+    torch._dynamo.reset()
+    compiled = torch.compile(net, fullgraph=True, backend="eager")
+    with torch.inference_mode():
+        assert_close(compiled(x), reference(ref, x))
+    assert counts == {op: 0 for op in OPS}
+
+
 def _op_samples():
     f = torch.float64
     x = torch.randn(2, 3, 9, 8, dtype=f, requires_grad=True)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _core, _custom_ops  # noqa: F401  (registers torch.ops.ai3.*)
+from . import _core, _custom_ops
 from . import _layers as L
 from ._shapes import forward_order, input_shapes_of_modules
 from .errors import DtypeError, ShapeError
@@ -117,7 +117,8 @@ class Conv2d(_Swapped):
         elif top != bottom or left != right:
             # Asymmetric 'same' padding: the extra zeros go bottom/right, as in PyTorch.
             x = F.pad(x, (0, right - left, 0, bottom - top))
-        y = torch.ops.ai3.conv2d(
+        y = _custom_ops.call(
+            "conv2d",
             x,
             self.weight,
             self.bias,
@@ -147,7 +148,7 @@ class Linear(_Swapped):
                 f"linear: input of shape {list(x.shape)} is {x.dtype} but the weight of shape "
                 f"{list(self.weight.shape)} is {self.weight.dtype}"
             )
-        return torch.ops.ai3.linear(x, self.weight, self.bias, self.algorithm)
+        return _custom_ops.call("linear", x, self.weight, self.bias, self.algorithm)
 
 
 class ReLU(_Swapped):
@@ -159,7 +160,7 @@ class ReLU(_Swapped):
         super().__init__(algorithm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.ai3.relu(x, self.algorithm)
+        return _custom_ops.call("relu", x, self.algorithm)
 
 
 class MaxPool2d(_Swapped):
@@ -174,7 +175,8 @@ class MaxPool2d(_Swapped):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, batched = _as_batched(self.op, x)
         p = self.spec
-        y = torch.ops.ai3.maxpool2d(
+        y = _custom_ops.call(
+            "maxpool2d",
             x,
             list(p.kernel),
             list(p.stride),
@@ -198,7 +200,8 @@ class AvgPool2d(_Swapped):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, batched = _as_batched(self.op, x)
         p = self.spec
-        y = torch.ops.ai3.avgpool2d(
+        y = _custom_ops.call(
+            "avgpool2d",
             x,
             list(p.kernel),
             list(p.stride),
@@ -224,7 +227,7 @@ class AdaptiveAvgPool2d(_Swapped):
         x, batched = _as_batched(self.op, x)
         oh, ow = self.output_size
         size = [x.shape[2] if oh is None else oh, x.shape[3] if ow is None else ow]
-        y = torch.ops.ai3.adaptiveavgpool2d(x, size, self.algorithm)
+        y = _custom_ops.call("adaptiveavgpool2d", x, size, self.algorithm)
         return y if batched else y.squeeze(0)
 
 
@@ -238,7 +241,7 @@ class Flatten(_Swapped):
         self.start_dim, self.end_dim = orig.start_dim, orig.end_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.ai3.flatten(x, self.start_dim, self.end_dim, self.algorithm)
+        return _custom_ops.call("flatten", x, self.start_dim, self.end_dim, self.algorithm)
 
 
 _WRAPPERS: dict[str, type[_Swapped]] = {w.op: w for w in _Swapped.__subclasses__()}
