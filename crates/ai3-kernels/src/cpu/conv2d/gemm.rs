@@ -57,11 +57,7 @@ pub fn conv2d<T: Float>(
         let img = &input[(n * p.in_channels + g * icg) * plane_in..][..icg * plane_in];
         let w_g = &weight[g * ocg * k..][..ocg * k];
         let bias_g = bias.map(|b| &b[g * ocg..(g + 1) * ocg]);
-        let threads = if budget.parallel_inside {
-            rayon::current_num_threads()
-        } else {
-            1
-        };
+        let threads = budget.threads;
         let out = SharedMut(out.as_mut_ptr());
         // Output rows `rows` (channels of the group), columns [c0, c0 + width),
         // from the column matrix `rhs` ([k, width]).

@@ -90,9 +90,9 @@ pub(crate) fn valid_range(
 pub(crate) struct TaskBudget {
     /// Scratch elements the task may allocate.
     pub workspace: usize,
-    /// Whether the task should parallelise internally (tasks run one after
-    /// another) or stay single-threaded (tasks already run in parallel).
-    pub parallel_inside: bool,
+    /// Threads the task may use inside: all of them when tasks run one after
+    /// another, 1 when tasks already run in parallel (or the layer is small).
+    pub threads: usize,
 }
 
 /// Runs `task(image, group, output_of_that_image_and_group, budget)` for every
@@ -117,7 +117,7 @@ where
     if threads > 1 && tasks >= threads {
         let budget = TaskBudget {
             workspace: (WORKSPACE_ELEMENTS / threads).max(1),
-            parallel_inside: false,
+            threads: 1,
         };
         output
             .par_chunks_mut(block)
@@ -126,7 +126,7 @@ where
     } else {
         let budget = TaskBudget {
             workspace: WORKSPACE_ELEMENTS,
-            parallel_inside: threads > 1,
+            threads,
         };
         output
             .chunks_mut(block)
