@@ -32,6 +32,8 @@ pub struct Conv2d {
     request: Request,
     /// Winograd-transformed weights, computed once on first use.
     winograd_filter: OnceLock<Tensor>,
+    /// Weights and bias packed for direct convolution, once on first use.
+    direct_packed: OnceLock<Tensor>,
     /// Activation fused into the output, applied in place after the kernel.
     activation: Option<ActivationKind>,
 }
@@ -99,6 +101,7 @@ impl Conv2d {
             padding_mode,
             request,
             winograd_filter: OnceLock::new(),
+            direct_packed: OnceLock::new(),
             activation: None,
         };
         if let Request::Named(algo) = request {
@@ -229,20 +232,22 @@ impl Conv2d {
             None => None,
         };
         match self.algorithm(p)? {
-            Algorithm::Direct => direct::conv2d(p, x, w, b, out),
+            Algorithm::Direct => {
+                let packed = prepared(&self.direct_packed, direct::packed_len(p), |d| {
+                    direct::pack(p, w, b, d)
+                })?;
+                direct::conv2d_packed(p, x, packed, out)
+            }
             Algorithm::Smm => smm::conv2d(p, x, w, b, out),
             Algorithm::Gemm => gemm::conv2d(p, x, w, b, out),
             Algorithm::Fft => fft::conv2d(p, x, w, b, out),
             Algorithm::Winograd => {
-                let filter = self.winograd_filter.get_or_init(|| {
-                    let len = winograd::transformed_filter_len(p);
-                    let mut f = Tensor::zeros(T::DTYPE, &[len]);
-                    if let Ok(u) = f.as_mut_slice::<T>() {
-                        winograd::transform_filter_into(p, w, u);
-                    }
-                    f
-                });
-                winograd::conv2d(p, x, filter.as_slice::<T>()?, b, out)
+                let filter = prepared(
+                    &self.winograd_filter,
+                    winograd::transformed_filter_len(p),
+                    |u| winograd::transform_filter_into(p, w, u),
+                )?;
+                winograd::conv2d(p, x, filter, b, out)
             }
             Algorithm::Custom => {
                 let shape = [p.batch, p.in_channels, p.in_h, p.in_w];
@@ -251,6 +256,24 @@ impl Conv2d {
         }
         Ok(())
     }
+}
+
+/// Weights an algorithm prepares once, on first use, and keeps in `cell`:
+/// `len` elements written by `fill`. They depend only on the weight's
+/// geometry, so every input size shares them.
+fn prepared<T: crate::dtype::Element>(
+    cell: &OnceLock<Tensor>,
+    len: usize,
+    fill: impl FnOnce(&mut [T]),
+) -> Result<&[T]> {
+    cell.get_or_init(|| {
+        let mut t = Tensor::zeros(T::DTYPE, &[len]);
+        if let Ok(data) = t.as_mut_slice::<T>() {
+            fill(data);
+        }
+        t
+    })
+    .as_slice::<T>()
 }
 
 impl Operation for Conv2d {

@@ -28,7 +28,8 @@ const WEIGHT_CHUNK_BYTES: usize = 256 << 10;
 /// Direct 2-D convolution (see the [module contract](super)).
 ///
 /// Supports stride, dilation, asymmetric zero padding and groups (including
-/// depthwise).
+/// depthwise). Packs the weights on every call: a model packs them once with
+/// [`pack`] and calls [`conv2d_packed`].
 pub fn conv2d<T: Float>(
     p: &Conv2dParams,
     input: &[T],
@@ -37,6 +38,70 @@ pub fn conv2d<T: Float>(
     output: &mut [T],
 ) {
     run(p, input, weight, bias, output, false);
+}
+
+/// [`conv2d`] with weights and bias from [`pack`].
+pub fn conv2d_packed<T: Float>(p: &Conv2dParams, input: &[T], packed: &[T], output: &mut [T]) {
+    run_packed(p, input, packed, output, false);
+}
+
+/// Register block `(MR, NV)` for `ocg` output channels per group.
+fn block_shape(ocg: usize) -> (usize, usize) {
+    kernel::SHAPES
+        .into_iter()
+        .find(|&(mr, _)| ocg >= mr)
+        .unwrap_or(kernel::SHAPES[kernel::SHAPES.len() - 1])
+}
+
+/// `(oc blocks per group, elements of one block's weights)` of the packing.
+fn packing(p: &Conv2dParams) -> (usize, usize) {
+    let (mr, _) = block_shape(p.out_channels_per_group());
+    let nob = p.out_channels_per_group().div_ceil(mr);
+    (
+        nob,
+        p.in_channels_per_group() * p.kernel_h * p.kernel_w * mr,
+    )
+}
+
+/// Length of what [`pack`] writes.
+pub fn packed_len(p: &Conv2dParams) -> usize {
+    let (nob, wblock) = packing(p);
+    let (mr, _) = block_shape(p.out_channels_per_group());
+    p.groups * nob * (wblock + mr)
+}
+
+/// Packs `weight` and `bias` for [`conv2d_packed`] into `packed` (of
+/// [`packed_len`] elements): weights `[group][oc block][icg][taps][MR]` so the
+/// `MR` weights of a tap are adjacent, then the bias `[group][oc block][MR]`,
+/// both padded with zeros. Depends only on the weight's geometry, not on the
+/// input's size.
+pub fn pack<T: Float>(p: &Conv2dParams, weight: &[T], bias: Option<&[T]>, packed: &mut [T]) {
+    debug_assert_eq!(weight.len(), p.weight_len());
+    assert_eq!(packed.len(), packed_len(p), "packed direct weight length");
+    let icg = p.in_channels_per_group();
+    let ocg = p.out_channels_per_group();
+    let ntaps = p.kernel_h * p.kernel_w;
+    let (mr, _) = block_shape(ocg);
+    let (nob, wblock) = packing(p);
+    let (weights, pbias) = packed.split_at_mut(p.groups * nob * wblock);
+    weights.fill(T::zero());
+    pbias.fill(T::zero());
+    weights
+        .par_chunks_mut(wblock)
+        .zip(pbias.par_chunks_mut(mr))
+        .with_min_len(min_len(p))
+        .enumerate()
+        .for_each(|(gb, (dst, db))| {
+            let (g, ob) = (gb / nob, gb % nob);
+            for m in 0..mr.min(ocg - ob * mr) {
+                let o = g * ocg + ob * mr + m;
+                let src = &weight[o * icg * ntaps..][..icg * ntaps];
+                for (k, &v) in src.iter().enumerate() {
+                    dst[k * mr + m] = v;
+                }
+                db[m] = bias.map_or(T::zero(), |b| b[o]);
+            }
+        });
 }
 
 /// [`conv2d`], optionally with the portable microkernel whatever the CPU.
@@ -49,21 +114,33 @@ fn run<T: Float>(
     portable: bool,
 ) {
     p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
-    debug_assert_eq!(weight.len(), p.weight_len());
+    if output.is_empty() {
+        return;
+    }
+    let mut packed = vec![T::zero(); packed_len(p)];
+    pack(p, weight, bias, &mut packed);
+    run_packed(p, input, &packed, output, portable);
+}
+
+/// [`conv2d_packed`], optionally with the portable microkernel.
+fn run_packed<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    packed: &[T],
+    output: &mut [T],
+    portable: bool,
+) {
+    p.debug_check_buffers(input.len(), None, output.len());
+    debug_assert_eq!(packed.len(), packed_len(p));
 
     let (oh, ow) = (p.out_h(), p.out_w());
     let plane_out = oh * ow;
     if output.is_empty() {
         return;
     }
-    let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
-    let ntaps = p.kernel_h * p.kernel_w;
     let vl = kernel::vector_len::<T>();
-    let (mr, nv) = kernel::SHAPES
-        .into_iter()
-        .find(|&(mr, _)| ocg >= mr)
-        .unwrap_or(kernel::SHAPES[kernel::SHAPES.len() - 1]);
+    let (mr, nv) = block_shape(ocg);
     let tile = kernel::select::<T>(mr, nv, portable);
 
     let pad = Padded::new(p, input);
@@ -86,28 +163,10 @@ fn run<T: Float>(
     }
     let nsg = slots.len().div_ceil(nv);
 
-    // Packed weights [group][oc block][icg][taps][mr], padded with zeros, and
-    // the bias likewise [group][oc block][mr].
-    let nob = ocg.div_ceil(mr);
-    let wblock = icg * ntaps * mr;
-    let mut packed = vec![T::zero(); p.groups * nob * wblock];
-    let mut pbias = vec![T::zero(); p.groups * nob * mr];
-    packed
-        .par_chunks_mut(wblock)
-        .zip(pbias.par_chunks_mut(mr))
-        .with_min_len(min_len(p))
-        .enumerate()
-        .for_each(|(gb, (dst, db))| {
-            let (g, ob) = (gb / nob, gb % nob);
-            for m in 0..mr.min(ocg - ob * mr) {
-                let o = g * ocg + ob * mr + m;
-                let src = &weight[o * icg * ntaps..][..icg * ntaps];
-                for (k, &v) in src.iter().enumerate() {
-                    dst[k * mr + m] = v;
-                }
-                db[m] = bias.map_or(T::zero(), |b| b[o]);
-            }
-        });
+    let (nob, wblock) = packing(p);
+    let (packed, pbias) = packed.split_at(p.groups * nob * wblock);
+    let icg = p.in_channels_per_group();
+    let ntaps = p.kernel_h * p.kernel_w;
 
     // Tasks: (group, slot chunk, oc chunk).
     let ob_chunk = (WEIGHT_CHUNK_BYTES / (wblock * std::mem::size_of::<T>()).max(1)).clamp(1, nob);
@@ -177,4 +236,36 @@ fn run<T: Float>(
 #[cfg(test)]
 mod tests {
     crate::cpu::test_util::blocked_conv_tests!("direct", crate::cpu::conv2d::direct);
+
+    #[test]
+    fn weights_packed_once_serve_every_input_size() {
+        use crate::cpu::test_util::{assert_close, cast, reference_conv, Rng};
+        use crate::params::{Conv2dParams, Padding2d};
+        let layer = |batch: usize, hw: usize| Conv2dParams {
+            batch,
+            in_channels: 6,
+            in_h: hw,
+            in_w: hw + 3,
+            out_channels: 10,
+            kernel_h: 3,
+            kernel_w: 3,
+            stride: (1, 2),
+            padding: Padding2d::symmetric(1, 0),
+            dilation: (1, 1),
+            groups: 2,
+        };
+        let mut rng = Rng::new(5);
+        let first = layer(1, 7);
+        let weight = rng.vec(first.weight_len());
+        let bias = rng.vec(first.out_channels);
+        let mut packed = vec![f32::NAN; super::packed_len(&first)];
+        super::pack(&first, &cast(&weight), Some(&cast(&bias)), &mut packed);
+        for p in [first, layer(3, 12), layer(2, 5)] {
+            let input = rng.vec(p.input_len());
+            let want = reference_conv(&p, &input, &weight, Some(&bias));
+            let mut out = vec![f32::NAN; p.output_len()];
+            super::conv2d_packed(&p, &cast(&input), &packed, &mut out);
+            assert_close(&out, &want, 1e-4, "direct packed once");
+        }
+    }
 }
