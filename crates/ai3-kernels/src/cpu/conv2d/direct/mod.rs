@@ -5,8 +5,8 @@
 //! cut into blocks of `MR` output channels by `NV` slots (a slot is up to one
 //! vector of consecutive columns of one output row, of any image); a
 //! [microkernel](kernel) keeps the block's accumulators in registers while it
-//! reduces over input channels and kernel taps. Weights are repacked per call
-//! so the `MR` weights of a tap are adjacent.
+//! reduces over input channels and kernel taps. Weights are packed ([`pack`],
+//! once per layer in a model) so the `MR` weights of a tap are adjacent.
 //!
 //! Parallel over (group, slot chunk, output-channel chunk); the channel chunk
 //! is sized so its packed weights stay in L2 while a slot group's input stays
