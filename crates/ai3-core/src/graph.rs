@@ -294,13 +294,13 @@ impl Graph {
             .iter()
             .map(|node| {
                 let ins: Vec<Vec<usize>> = node.inputs.iter().map(|&v| shapes[v].clone()).collect();
-                let first = ins.first().cloned().unwrap_or_default();
+                let refs: Vec<&[usize]> = ins.iter().map(Vec::as_slice).collect();
                 Ok(NodeReport {
                     name: node.name.clone(),
                     op: node.op.kind().name().into(),
                     algorithm: node
                         .op
-                        .algorithm_for(&first)
+                        .algorithm_for_inputs(&refs)
                         .map_err(|e| with_node(e, &node.name))?,
                     input_shapes: ins,
                     output_shape: shapes[node.output].clone(),
@@ -494,9 +494,13 @@ impl Graph {
                     .map(|&u| self.value(u, &values, inputs, &copies))
                     .collect::<Result<_>>()?;
                 let start = times.is_some().then(std::time::Instant::now);
-                node.op
-                    .forward(&refs, &mut out)
-                    .map_err(|e| with_node(e, &node.name))?;
+                // An empty output (a batch of 0) has nothing to compute; its
+                // shape was already checked when the plan was made.
+                if out.numel() > 0 {
+                    node.op
+                        .forward(&refs, &mut out)
+                        .map_err(|e| with_node(e, &node.name))?;
+                }
                 if let (Some(times), Some(start)) = (times.as_deref_mut(), start) {
                     times.push(start.elapsed().as_secs_f64());
                 }

@@ -4,10 +4,7 @@ use ai3_kernels::cpu::linear;
 use ai3_kernels::custom;
 use ai3_kernels::params::LinearParams;
 
-use super::{
-    check_not_empty, check_weight_dtype, custom_result, single, with_dtype, ActivationKind,
-    Operation,
-};
+use super::{check_weight_dtype, custom_result, single, with_dtype, ActivationKind, Operation};
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
@@ -102,7 +99,6 @@ impl Linear {
                 ),
             ));
         }
-        check_not_empty(OP, shape)?;
         Ok(self.params(shape[..shape.len() - 1].iter().product()))
     }
 }

@@ -19,6 +19,7 @@ mod norm;
 mod pool;
 mod reduce;
 mod reshape;
+mod runtime_weights;
 mod shape;
 
 pub use activation::{Activation, ActivationKind};
@@ -30,6 +31,7 @@ pub use norm::{BatchNorm2d, LayerNorm};
 pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d, Window};
 pub use reduce::{Mean, Softmax};
 pub use reshape::{Reshape, SizeExpr};
+pub use runtime_weights::{BuildLayer, RuntimeWeights};
 pub use shape::{Concat, Permute, Slice, SliceMode};
 
 /// A node's computation: validated at construction, then run many times.
@@ -43,6 +45,11 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn kind(&self) -> OpKind;
     /// The algorithm that runs for input of this shape (what a summary shows).
     fn algorithm_for(&self, input_shape: &[usize]) -> Result<String>;
+    /// The algorithm that runs for inputs of these shapes; by default that of
+    /// the first input (operations whose choice depends on the others override it).
+    fn algorithm_for_inputs(&self, inputs: &[&[usize]]) -> Result<String> {
+        self.algorithm_for(inputs.first().copied().unwrap_or(&[]))
+    }
     /// The output shape for these input shapes, or an error naming the shapes.
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>>;
     /// The activation fused into this node at convert time, for summaries.
@@ -88,7 +95,19 @@ pub(crate) fn image_dims(
             ))
         }
     };
-    check_not_empty(op, shape)?;
+    // An empty batch (or no channels) gives an empty output, as in PyTorch; an
+    // empty plane has no windows to compute, which PyTorch rejects too.
+    if dims.2 == 0 || dims.3 == 0 {
+        return Err(Error::shape(
+            op.name(),
+            format!(
+                "input of shape {} has an empty spatial plane ({}x{})",
+                shape_str(shape),
+                dims.2,
+                dims.3
+            ),
+        ));
+    }
     Ok(dims)
 }
 
@@ -99,17 +118,6 @@ pub(crate) fn image_shape(batched: bool, n: usize, c: usize, h: usize, w: usize)
     } else {
         vec![c, h, w]
     }
-}
-
-/// Rejects tensors with no elements, naming the shape.
-pub(crate) fn check_not_empty(op: OpKind, shape: &[usize]) -> Result<()> {
-    if shape.contains(&0) {
-        return Err(Error::shape(
-            op.name(),
-            format!("input of shape {} has no elements", shape_str(shape)),
-        ));
-    }
-    Ok(())
 }
 
 /// The one input of a single-input operation.

@@ -3,7 +3,7 @@
 use ai3_kernels::cpu::norm::{self, scale_shift};
 
 use super::activation::with_scalar_fn;
-use super::{check_not_empty, check_weight_dtype, single, with_dtype, ActivationKind, Operation};
+use super::{check_weight_dtype, single, with_dtype, ActivationKind, Operation};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
@@ -120,7 +120,6 @@ impl BatchNorm2d {
                 ),
             ));
         }
-        check_not_empty(op, shape)?;
         Ok((c, inner))
     }
 }
@@ -226,7 +225,6 @@ impl LayerNorm {
                 ),
             ));
         }
-        check_not_empty(op, shape)?;
         Ok(self.normalized_shape.iter().product())
     }
 }

@@ -3,7 +3,7 @@
 use ai3_kernels::cpu::reduce;
 use ai3_kernels::params::AxisParams;
 
-use super::{check_not_empty, normalize_dim, single, with_dtype, Operation};
+use super::{elements, elements_mut, normalize_dim, single, with_dtype, Operation};
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
 use crate::tensor::{shape_str, Tensor};
@@ -22,7 +22,6 @@ impl Softmax {
 
     fn params(&self, shape: &[usize]) -> Result<AxisParams> {
         let op = OpKind::Softmax;
-        check_not_empty(op, shape)?;
         // A 0-D tensor behaves as one of shape [1], as in PyTorch.
         if shape.is_empty() {
             normalize_dim(op, self.dim, 1, shape)?;
@@ -73,7 +72,6 @@ impl Mean {
     /// Which dimensions of `shape` are reduced.
     fn mask(&self, shape: &[usize]) -> Result<Vec<bool>> {
         let op = OpKind::Mean;
-        check_not_empty(op, shape)?;
         let rank = shape.len();
         if self.dims.is_empty() {
             return Ok(vec![true; rank]);
@@ -123,7 +121,12 @@ impl Operation for Mean {
         let x = single(OpKind::Mean, inputs)?;
         let mask = self.mask(x.shape())?;
         with_dtype!(x.dtype(), T, {
-            reduce::mean::<T>(x.shape(), &mask, x.as_slice()?, output.as_mut_slice()?)
+            if x.numel() == 0 {
+                // The mean of no elements is NaN, as in PyTorch.
+                elements_mut::<T>(output)?.fill(T::NAN);
+            } else {
+                reduce::mean::<T>(x.shape(), &mask, elements(x)?, output.as_mut_slice()?)
+            }
         });
         Ok(())
     }
