@@ -168,6 +168,19 @@ impl Conv2d {
     /// Validates an input shape against the layer; returns the kernel parameters and batching.
     fn params_for(&self, shape: &[usize]) -> Result<(Conv2dParams, bool)> {
         let (n, c, h, w, batched) = image_dims(OP, shape)?;
+        if c != self.in_channels() && !batched {
+            // Often a batched input that lost a dimension ([N, C, W]): say how it was read.
+            return Err(Error::shape(
+                OP.name(),
+                format!(
+                    "expected a 4-D [N, {ic}, H, W] (batched) or 3-D [{ic}, H, W] (unbatched) input for weight of shape {} with groups={}, got input of shape {}: read as unbatched [C, H, W], it has {c} channel(s), not {ic}",
+                    shape_str(self.weight.shape()),
+                    self.groups,
+                    shape_str(shape),
+                    ic = self.in_channels(),
+                ),
+            ));
+        }
         if c != self.in_channels() {
             return Err(Error::shape(
                 OP.name(),

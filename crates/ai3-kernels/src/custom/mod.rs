@@ -170,10 +170,16 @@ pub fn implemented(op: CustomOp) -> Result<(), String> {
     if ran {
         Ok(())
     } else {
+        // The stock directory's absolute path is the build machine's, meaningless to a
+        // user of a prebuilt wheel; a directory the user chose is worth naming.
+        let from = if built_from_stock() {
+            String::new()
+        } else {
+            format!(" (this build compiled AI3_CUSTOM_DIR={SOURCE_DIR})")
+        };
         Err(format!(
-            "custom {op} is not implemented: write ai3::custom::{op} in {op}.cpp (ai3 was built \
-             from {SOURCE_DIR}; see cpp_custom/README.md), or point AI3_CUSTOM_DIR at a directory \
-             holding your {op}.cpp, and reinstall ai3 from source (pip install .)",
+            "custom {op} is not implemented{from}: write ai3::custom::{op} in {op}.cpp and build \
+             ai3 from source with AI3_CUSTOM_DIR pointing at its directory (cpp_custom/README.md)",
             op = op.name()
         ))
     }
