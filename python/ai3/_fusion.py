@@ -78,7 +78,11 @@ def apply(lw: Lowerer, algo_of: dict[int, str]) -> list[Step]:
     steps = list(lw.steps)
     for bn in [s for s in steps if s.op == "batchnorm2d"]:
         conv = _producer(lw, steps, bn, ("conv2d",))
-        if conv is not None and "activation" not in conv.kwargs:
+        # Only weights held as tensors can be folded; graph values change per call.
+        held = conv is not None and all(
+            isinstance(a, torch.Tensor) or a is None for a in (*conv.args[1:3], *bn.args[1:5])
+        )
+        if held and "activation" not in conv.kwargs:
             _fold(conv, bn)
             lw.kind[bn.node] = Alias(conv.node)
             steps.remove(bn)

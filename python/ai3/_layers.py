@@ -61,23 +61,30 @@ class ConvSpec:
 
 
 def conv_spec(
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     stride: Any,
     padding: Any,
     dilation: Any,
     groups: int,
     padding_mode: str = "zeros",
 ) -> ConvSpec:
-    """Normalizes PyTorch's conv2d arguments, resolving ``'same'`` and ``'valid'``."""
+    """Normalizes PyTorch's conv2d arguments, resolving ``'same'`` and ``'valid'``.
+
+    ``weight`` is only read for ``'same'`` padding (its kernel size); it may be
+    None otherwise (a weight known only at run time)."""
     stride, dilation = pair(stride), pair(dilation)
-    kh, kw = weight.shape[2], weight.shape[3]
     if isinstance(padding, str):
         if padding == "valid":
             pad = (0, 0, 0, 0)
-        elif padding == "same":
+        elif padding == "same" and weight is not None:
+            kh, kw = weight.shape[2], weight.shape[3]
             # PyTorch puts the odd extra row/column of 'same' at the bottom/right.
             th, tw = dilation[0] * (kh - 1), dilation[1] * (kw - 1)
             pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+        elif padding == "same":
+            raise InvalidArgumentError(
+                "conv2d: padding='same' needs the weight's kernel size when the model is built"
+            )
         else:
             raise InvalidArgumentError(
                 f"conv2d: padding must be 'same', 'valid', an int or a pair, got {padding!r}"

@@ -449,27 +449,90 @@ def _adaptive_fn(op: str) -> Callable:
     return handler
 
 
+def _weights(lw: Lowerer, x: Any, *weights: Any) -> tuple[list[Any], list[Any]]:
+    """The values a layer reading ``x`` with ``weights`` reads, and its weight arguments.
+
+    Module attributes (and tensors) stay constants the layer holds, prepared
+    once; graph values (model inputs, computed tensors) become inputs the
+    layer reads on every call, given as :class:`In` placeholders."""
+    inputs, args = [x], []
+    for w in weights:
+        if isinstance(w, torch.fx.Node) and lw.canonical(w).op != "get_attr":
+            args.append(In(len(inputs)))
+            inputs.append(w)
+        else:
+            args.append(lw.const_tensor(lw.canonical(w) if isinstance(w, torch.fx.Node) else w))
+    return inputs, args
+
+
+def _conv_fn(lw: Lowerer, n) -> None:
+    """``F.conv2d`` / ``torch.conv2d``: weight and bias constants or graph values."""
+    b = bind(
+        n,
+        ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+        {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1},
+    )
+    inputs, (w, bias) = _weights(lw, b["input"], b["weight"], b["bias"])
+    if isinstance(w, In) and b["padding"] == "same":
+        raise Unsupported("padding='same' with a weight known only at run time")
+    s = L.conv_spec(
+        w if isinstance(w, torch.Tensor) else None,
+        b["stride"],
+        b["padding"],
+        b["dilation"],
+        b["groups"],
+    )
+    args = [In(0), w, bias, s.stride, s.padding, s.dilation, s.groups, "zeros", ALGO]
+    lw.step(n, "conv2d", "conv2d", inputs, args)
+
+
 def _linear_fn(lw: Lowerer, n) -> None:
     b = bind(n, ("input", "weight", "bias"), {"bias": None})
-    w, bias = lw.const_tensor(b["weight"]), lw.const_tensor(b["bias"])
-    lw.step(n, "linear", "linear", [b["input"]], [In(0), w, bias, ALGO])
+    inputs, (w, bias) = _weights(lw, b["input"], b["weight"], b["bias"])
+    lw.step(n, "linear", "linear", inputs, [In(0), w, bias, ALGO])
+
+
+def _batchnorm(lw: Lowerer, n, b: dict[str, Any]) -> None:
+    if b["training"]:
+        raise Unsupported("training=True (statistics of the batch; ai3 runs inference)")
+    if b["running_mean"] is None or b["running_var"] is None:
+        raise Unsupported("batch norm without running statistics")
+    inputs, (w, bias, mean, var) = _weights(
+        lw, b["input"], b["weight"], b["bias"], b["running_mean"], b["running_var"]
+    )
+    args = [In(0), w, bias, mean, var, float(b["eps"]), ALGO]
+    lw.step(n, "batchnorm2d", "batchnorm2d", inputs, args)
+
+
+def _batchnorm_fn(lw: Lowerer, n) -> None:
+    """``F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)``."""
+    names = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    d = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
+    _batchnorm(lw, n, bind(n, names, d))
+
+
+def _torch_batchnorm_fn(lw: Lowerer, n) -> None:
+    """``torch.batch_norm``: the same arguments in ATen's order."""
+    names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum")
+    names += ("eps", "cudnn_enabled")
+    _batchnorm(lw, n, bind(n, names, {}))
 
 
 def _layernorm_fn(lw: Lowerer, n) -> None:
+    """``F.layer_norm`` / ``torch.layer_norm`` (whose extra ``cudnn_enable`` changes nothing)."""
     b = bind(
         n,
-        ("input", "normalized_shape", "weight", "bias", "eps"),
-        {"weight": None, "bias": None, "eps": 1e-5},
+        ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"),
+        {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enable": True},
     )
-    w, bias = lw.const_tensor(b["weight"]), lw.const_tensor(b["bias"])
+    inputs, (w, bias) = _weights(lw, b["input"], b["weight"], b["bias"])
     shape = (
         [b["normalized_shape"]]
         if isinstance(b["normalized_shape"], int)
         else list(b["normalized_shape"])
     )
-    lw.step(
-        n, "layernorm", "layernorm", [b["input"]], [In(0), shape, w, bias, float(b["eps"]), ALGO]
-    )
+    args = [In(0), shape, w, bias, float(b["eps"]), ALGO]
+    lw.step(n, "layernorm", "layernorm", inputs, args)
 
 
 def _softmax_fn(lw: Lowerer, n) -> None:
@@ -651,8 +714,13 @@ FUNCTIONS: dict[Any, Callable] = {
     F.avg_pool2d: _avgpool_fn,
     F.adaptive_avg_pool2d: _adaptive_fn("adaptiveavgpool2d"),
     F.adaptive_max_pool2d: _adaptive_fn("adaptivemaxpool2d"),
+    torch.max_pool2d: _maxpool_fn,
     F.linear: _linear_fn,
+    torch.conv2d: _conv_fn,  # F.conv2d is the same function
+    F.batch_norm: _batchnorm_fn,
+    torch.batch_norm: _torch_batchnorm_fn,
     F.layer_norm: _layernorm_fn,
+    torch.layer_norm: _layernorm_fn,
     F.softmax: _softmax_fn,
     torch.softmax: _softmax_fn,
     F.dropout: _identity_fn,

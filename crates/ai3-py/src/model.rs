@@ -4,12 +4,12 @@
 use ai3_core::ops::{
     Activation, ActivationKind, AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm2d,
     Binary, BinaryKind, Concat, Conv2d, Flatten, LayerNorm, Linear, MaxPool2d, Mean, Operation,
-    Permute, Reshape, Slice, SliceMode, Softmax,
+    Permute, Reshape, RuntimeWeights, Slice, SliceMode, Softmax,
 };
 use ai3_core::params::AvgPoolOptions;
 use ai3_core::{Error, Graph, OpKind, Tensor, ValueId};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyInt, PyList};
 
 use crate::args::{
     import_weight, optional_weight, padding2d, parse_activation, parse_dtype, parse_pad_mode,
@@ -52,6 +52,66 @@ impl Model {
         .map_err(to_py)
     }
 
+    /// A weight argument: a tensor the layer holds, or an int naming a graph
+    /// value (a model input or a computed value) the layer reads on every call.
+    fn weight_arg(&self, obj: &Bound<'_, PyAny>, op: OpKind) -> PyResult<Weight> {
+        if obj.is_instance_of::<PyInt>() {
+            return Ok(Weight::Value(obj.extract()?));
+        }
+        Ok(Weight::Held(self.weight(obj, op)?))
+    }
+
+    fn optional_arg(&self, obj: Option<&Bound<'_, PyAny>>, op: OpKind) -> PyResult<Option<Weight>> {
+        obj.map(|o| self.weight_arg(o, op)).transpose()
+    }
+
+    /// Appends a layer reading `x` with these weights (`None`: absent, e.g. no
+    /// bias), built by `build`. When every weight is held the layer is built
+    /// once; otherwise the node reads the weights as values and builds the
+    /// layer from them on every call ([`RuntimeWeights`]).
+    fn push_layer<O: Operation + 'static>(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        op: OpKind,
+        weights: Vec<Option<Weight>>,
+        fused: Option<OpKind>,
+        build: impl Fn(Vec<Option<Tensor>>) -> ai3_core::Result<O> + Send + Sync + 'static,
+    ) -> PyResult<ValueId> {
+        if weights
+            .iter()
+            .flatten()
+            .all(|w| matches!(w, Weight::Held(_)))
+        {
+            let held = weights
+                .into_iter()
+                .map(|w| match w {
+                    Some(Weight::Held(t)) => Some(t),
+                    _ => None,
+                })
+                .collect();
+            return self.push(name, vec![x], || build(held));
+        }
+        let present: Vec<bool> = weights.iter().map(Option::is_some).collect();
+        let mut inputs = vec![x];
+        for w in weights.into_iter().flatten() {
+            inputs.push(match w {
+                Weight::Value(v) => v,
+                Weight::Held(t) => no_panic(name, || self.graph.constant(t)).map_err(to_py)?,
+            });
+        }
+        let dtype = self.graph.dtype();
+        let layer = move |given: Vec<Tensor>| -> ai3_core::Result<Box<dyn Operation>> {
+            let mut given = given.into_iter();
+            let weights = present.iter().map(|&p| if p { given.next() } else { None });
+            Ok(Box::new(build(weights.collect())?))
+        };
+        // Building once from zeros checks the weights' shapes now, not on the first call.
+        self.push(name, inputs, || {
+            Ok(RuntimeWeights::new(op, dtype, fused, Box::new(layer)))
+        })
+    }
+
     fn weight(&self, obj: &Bound<'_, PyAny>, op: OpKind) -> PyResult<Tensor> {
         import_weight(obj, op.name(), self.graph.dtype(), self.copy_weights)
     }
@@ -59,6 +119,12 @@ impl Model {
     fn optional(&self, obj: Option<&Bound<'_, PyAny>>, op: OpKind) -> PyResult<Option<Tensor>> {
         optional_weight(obj, op, self.graph.dtype(), self.copy_weights)
     }
+}
+
+/// A weight given to a layer method: see [`Model::weight_arg`].
+enum Weight {
+    Held(Tensor),
+    Value(ValueId),
 }
 
 /// A network held in Rust: built node by node from Python, then run with the GIL released.
@@ -108,21 +174,20 @@ impl Model {
         activation: Option<(String, Vec<f64>)>,
     ) -> PyResult<ValueId> {
         let op = OpKind::Conv2d;
-        let weight = self.weight(weight, op)?;
-        let bias = self.optional(bias, op)?;
+        let weights = vec![
+            Some(self.weight_arg(weight, op)?),
+            self.optional_arg(bias, op)?,
+        ];
         let mode = parse_pad_mode(padding_mode)?;
         let request = parse_request(op, algorithm)?;
         let act = parse_activation(activation)?;
-        self.push(name, vec![x], || {
+        let padding = padding2d(padding);
+        let fused = act.map(|a| a.op_kind());
+        self.push_layer(name, x, op, weights, fused, move |mut w| {
+            let (bias, weight) = (w.pop().flatten(), w.pop().flatten());
+            let weight = weight.ok_or_else(|| ai3_core::Error::internal("conv2d", "no weight"))?;
             let conv = Conv2d::new(
-                weight,
-                bias,
-                stride,
-                padding2d(padding),
-                dilation,
-                groups,
-                mode,
-                request,
+                weight, bias, stride, padding, dilation, groups, mode, request,
             )?;
             Ok(conv.with_activation(act))
         })
@@ -140,11 +205,16 @@ impl Model {
         activation: Option<(String, Vec<f64>)>,
     ) -> PyResult<ValueId> {
         let op = OpKind::Linear;
-        let weight = self.weight(weight, op)?;
-        let bias = self.optional(bias, op)?;
+        let weights = vec![
+            Some(self.weight_arg(weight, op)?),
+            self.optional_arg(bias, op)?,
+        ];
         let request = parse_request(op, algorithm)?;
         let act = parse_activation(activation)?;
-        self.push(name, vec![x], || {
+        let fused = act.map(|a| a.op_kind());
+        self.push_layer(name, x, op, weights, fused, move |mut w| {
+            let (bias, weight) = (w.pop().flatten(), w.pop().flatten());
+            let weight = weight.ok_or_else(|| ai3_core::Error::internal("linear", "no weight"))?;
             Ok(Linear::new(weight, bias, request)?.with_activation(act))
         })
     }
