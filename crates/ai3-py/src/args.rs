@@ -73,16 +73,6 @@ pub(crate) fn import_weight(
     t.to_dtype(dtype).map_err(to_py)
 }
 
-pub(crate) fn optional_weight(
-    obj: Option<&Bound<'_, PyAny>>,
-    op: OpKind,
-    dtype: DType,
-    copy: bool,
-) -> PyResult<Option<Tensor>> {
-    obj.map(|b| import_weight(b, op.name(), dtype, copy))
-        .transpose()
-}
-
 /// Parses one reshape size expression: `("const", v)`, `("dim", input, axis)`,
 /// or `("add" | "sub" | "mul" | "floordiv", a, b)`; a bare int is a constant.
 /// `num_inputs` bounds the input index of `"dim"`.

@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList};
 
 use crate::args::{
-    import_weight, optional_weight, padding2d, parse_activation, parse_dtype, parse_pad_mode,
-    parse_request, parse_size_expr,
+    import_weight, padding2d, parse_activation, parse_dtype, parse_pad_mode, parse_request,
+    parse_size_expr,
 };
 use crate::dlpack;
 use crate::errors::{no_panic, to_py};
@@ -115,10 +115,22 @@ impl Model {
     fn weight(&self, obj: &Bound<'_, PyAny>, op: OpKind) -> PyResult<Tensor> {
         import_weight(obj, op.name(), self.graph.dtype(), self.copy_weights)
     }
+}
 
-    fn optional(&self, obj: Option<&Bound<'_, PyAny>>, op: OpKind) -> PyResult<Option<Tensor>> {
-        optional_weight(obj, op, self.graph.dtype(), self.copy_weights)
-    }
+/// The weights `push_layer` hands a layer's builder, as `N` slots in order.
+fn slots<const N: usize>(
+    op: OpKind,
+    weights: Vec<Option<Tensor>>,
+) -> ai3_core::Result<[Option<Tensor>; N]> {
+    let got = weights.len();
+    weights
+        .try_into()
+        .map_err(|_| Error::internal(op.name(), format!("expected {N} weight slots, got {got}")))
+}
+
+/// A weight slot that cannot be empty.
+fn required(op: OpKind, weight: Option<Tensor>) -> ai3_core::Result<Tensor> {
+    weight.ok_or_else(|| Error::internal(op.name(), "a required weight is missing"))
 }
 
 /// A weight given to a layer method: see [`Model::weight_arg`].
@@ -183,9 +195,9 @@ impl Model {
         let act = parse_activation(activation)?;
         let padding = padding2d(padding);
         let fused = act.map(|a| a.op_kind());
-        self.push_layer(name, x, op, weights, fused, move |mut w| {
-            let (bias, weight) = (w.pop().flatten(), w.pop().flatten());
-            let weight = weight.ok_or_else(|| ai3_core::Error::internal("conv2d", "no weight"))?;
+        self.push_layer(name, x, op, weights, fused, move |w| {
+            let [weight, bias] = slots(op, w)?;
+            let weight = required(op, weight)?;
             let conv = Conv2d::new(
                 weight, bias, stride, padding, dilation, groups, mode, request,
             )?;
@@ -212,9 +224,9 @@ impl Model {
         let request = parse_request(op, algorithm)?;
         let act = parse_activation(activation)?;
         let fused = act.map(|a| a.op_kind());
-        self.push_layer(name, x, op, weights, fused, move |mut w| {
-            let (bias, weight) = (w.pop().flatten(), w.pop().flatten());
-            let weight = weight.ok_or_else(|| ai3_core::Error::internal("linear", "no weight"))?;
+        self.push_layer(name, x, op, weights, fused, move |w| {
+            let [weight, bias] = slots(op, w)?;
+            let weight = required(op, weight)?;
             Ok(Linear::new(weight, bias, request)?.with_activation(act))
         })
     }
@@ -317,12 +329,16 @@ impl Model {
         let op = OpKind::BatchNorm2d;
         parse_request(op, algorithm)?;
         let act = parse_activation(activation)?;
-        let (weight, bias) = (self.optional(weight, op)?, self.optional(bias, op)?);
-        let (mean, var) = (
-            self.weight(running_mean, op)?,
-            self.weight(running_var, op)?,
-        );
-        self.push(name, vec![x], || {
+        let weights = vec![
+            self.optional_arg(weight, op)?,
+            self.optional_arg(bias, op)?,
+            Some(self.weight_arg(running_mean, op)?),
+            Some(self.weight_arg(running_var, op)?),
+        ];
+        let fused = act.map(|a| a.op_kind());
+        self.push_layer(name, x, op, weights, fused, move |w| {
+            let [weight, bias, mean, var] = slots(op, w)?;
+            let (mean, var) = (required(op, mean)?, required(op, var)?);
             Ok(BatchNorm2d::new(weight, bias, mean, var, eps)?.with_activation(act))
         })
     }
@@ -342,9 +358,10 @@ impl Model {
     ) -> PyResult<ValueId> {
         let op = OpKind::LayerNorm;
         parse_request(op, algorithm)?;
-        let (weight, bias) = (self.optional(weight, op)?, self.optional(bias, op)?);
-        self.push(name, vec![x], || {
-            LayerNorm::new(normalized_shape, weight, bias, eps)
+        let weights = vec![self.optional_arg(weight, op)?, self.optional_arg(bias, op)?];
+        self.push_layer(name, x, op, weights, None, move |w| {
+            let [weight, bias] = slots(op, w)?;
+            LayerNorm::new(normalized_shape.clone(), weight, bias, eps)
         })
     }
 
