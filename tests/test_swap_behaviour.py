@@ -1,5 +1,6 @@
-"""Swapped modules behave like PyTorch's: they expose the hyperparameters and
-repr of the module they replaced."""
+"""Swapped modules behave like PyTorch's: re-swapping applies the new choice
+(``'torch'`` gives back the plain module), and they expose the
+hyperparameters and repr of the module they replaced."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import copy
 import ai3
 import pytest
 import torch
+import torch.nn.functional as F
+from ai3 import swap
+from conftest import assert_close, reference
 from torch import nn
 
 #: One layer per swappable operation, with non-default hyperparameters, its
@@ -53,6 +57,161 @@ def _layer(case: str):
     return layer, torch.randn(shape, dtype=torch.float64), algos
 
 
+# ---- 1. re-swapping ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(LAYERS))
+def test_reswap_applies_new_algorithm(case):
+    layer, x, (first, second) = _layer(case)
+    expected = reference(layer, x)
+    net = nn.Sequential(layer)
+    params = list(layer.parameters())
+    ai3.swap_operation(_op(case), net, first)
+    assert net[0].algorithm == first
+    ai3.swap_operation(_op(case), net, second)
+    assert swap.is_swapped(net[0]) and net[0].algorithm == second
+    assert all(a is b for a, b in zip(net[0].parameters(), params, strict=True))
+    assert_close(net(x), expected)
+
+
+@pytest.mark.parametrize("case", list(LAYERS))
+def test_torch_restores_the_plain_module(case):
+    layer, x, (first, second) = _layer(case)
+    expected = reference(layer, x)
+    net = nn.Sequential(copy.deepcopy(layer))
+    params = dict(net[0].named_parameters())
+    ai3.swap_operation(_op(case), net, first)
+    ai3.swap_operation(_op(case), net, second)
+    ai3.swap_operation(_op(case), net, "torch")
+    plain = net[0]
+    assert type(plain) is type(layer)
+    assert vars(plain).keys() == vars(layer).keys()
+    for k in vars(layer).keys() - _INTERNALS:
+        assert getattr(plain, k) == getattr(layer, k), k
+    assert dict(plain.named_parameters()).keys() == params.keys()
+    assert all(p is params[n] for n, p in plain.named_parameters())
+    if "bias" in layer._parameters:
+        assert (plain.bias is None) == (layer.bias is None)
+    assert repr(plain) == repr(layer)
+    with torch.no_grad():
+        assert torch.equal(net(x.clone()), expected)
+
+
+def test_reswap_keeps_optimizer_working():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    ref = ref.double()
+    net = copy.deepcopy(ref)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    target = torch.randn(2, 2, dtype=torch.float64)
+    ai3.swap_conv2d(net, "direct")
+    ai3.swap_linear(net, "gemm")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for algo in ["smm", "winograd", "torch"]:
+        ai3.swap_conv2d(net, algo)  # the optimizer still holds the live Parameters
+        for model, o in ((net, opt), (ref, opt_ref)):
+            o.zero_grad()
+            F.mse_loss(model(x), target).backward()
+            o.step()
+    assert type(net[0]) is nn.Conv2d
+    for (name, p), q in zip(net.named_parameters(), ref.parameters(), strict=True):
+        assert_close(p.detach(), q.detach()), name
+    assert_close(net(x), reference(ref, x))
+
+
+class _OutOfOrder(nn.Module):
+    """Convs registered in an order different from the forward order."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_last = nn.Conv2d(8, 4, 1)
+        self.c_first = nn.Conv2d(3, 6, 3, padding=1)
+        self.c_mid = nn.Conv2d(6, 8, 3, stride=2)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.c_last(self.act(self.c_mid(self.act(self.c_first(x)))))
+
+    def convs(self):
+        return [self.c_first, self.c_mid, self.c_last]
+
+
+def _algos(net: _OutOfOrder) -> list[str]:
+    return [m.algorithm if swap.is_swapped(m) else "torch" for m in net.convs()]
+
+
+def test_list_selector_counts_swapped_layers_in_forward_order():
+    net = _OutOfOrder()
+    x = torch.randn(2, 3, 8, 8)
+    expected = reference(net, x)
+    ai3.swap_conv2d(net, ["torch", "direct", "torch"])
+    assert _algos(net) == ["torch", "direct", "torch"]
+    ai3.swap_conv2d(net, ["winograd", "smm", "gemm"])
+    assert _algos(net) == ["winograd", "smm", "gemm"]
+    ai3.swap_conv2d(net, ["torch", "direct", "torch"])
+    assert _algos(net) == ["torch", "direct", "torch"]
+    assert type(net.c_first) is nn.Conv2d and type(net.c_last) is nn.Conv2d
+    assert_close(net(x), expected)
+
+
+def test_forward_order_is_found_when_other_layers_are_swapped():
+    """A swapped ReLU (whose forward fx cannot trace into) does not make the
+    conv list fall back to registration order."""
+    net = _OutOfOrder()
+    ai3.swap_relu(net)
+    ai3.swap_conv2d(net, ["direct", "smm", "gemm"])
+    assert _algos(net) == ["direct", "smm", "gemm"]
+
+
+def test_function_selector_sees_swapped_layers_with_their_attributes():
+    net = _OutOfOrder()
+    x = torch.randn(2, 3, 8, 8)
+    expected = reference(net, x)
+    ai3.swap_conv2d(net, "direct")
+    seen = []
+
+    def pick(m, shape):
+        seen.append((m.in_channels, m.kernel_size, shape))
+        return "gemm" if m.kernel_size == (1, 1) else "smm"
+
+    ai3.swap_conv2d(net, pick, sample_input_shape=(2, 3, 8, 8))
+    assert seen == [(3, (3, 3), (2, 3, 8, 8)), (6, (3, 3), (2, 6, 8, 8)), (8, (1, 1), (2, 8, 3, 3))]
+    assert _algos(net) == ["smm", "smm", "gemm"]
+    assert_close(net(x), expected)
+
+
+def test_reswap_with_unknown_algorithm_is_an_error_and_changes_nothing():
+    net = _OutOfOrder()
+    ai3.swap_conv2d(net, "direct")
+    before = list(net.modules())
+    with pytest.raises(ai3.AlgorithmError, match="conv2d"):
+        ai3.swap_conv2d(net, "no-such-algorithm")
+    assert list(net.modules()) == before
+
+
+def test_reswap_with_same_algorithm_keeps_the_module():
+    net = _OutOfOrder()
+    ai3.swap_conv2d(net, "smm")
+    mid = net.c_mid
+    ai3.swap_conv2d(net, "smm")
+    assert net.c_mid is mid
+
+
+def test_swap_with_receives_the_plain_module_when_reswapping():
+    net = _OutOfOrder()
+    ai3.swap_conv2d(net, "direct")
+    got = []
+
+    def build(orig, algorithm):
+        got.append(type(orig))
+        return swap.Conv2d(orig, algorithm)
+
+    ai3.swap_conv2d(net, "gemm", swap_with=build)
+    assert got == [nn.Conv2d] * 3
+    assert _algos(net) == ["gemm"] * 3
+
+
 # ---- 2. attributes and repr --------------------------------------------------------------
 
 
@@ -92,3 +251,22 @@ def test_conv_attributes_as_pytorch_gives_them():
     assert repr(swapped) == repr(conv)[:-1] + ", algorithm='direct')"
     same = ai3.swap_conv2d(nn.Conv2d(3, 4, 4, padding="same"), "direct")
     assert same.padding == "same"
+
+
+# ---- 4. return value ---------------------------------------------------------------------
+
+
+def test_swap_returns_the_module_or_its_replacement():
+    net = _OutOfOrder()
+    assert ai3.swap_conv2d(net, "direct") is net
+    conv = nn.Conv2d(3, 4, 3)
+    x = torch.randn(1, 3, 6, 6)
+    expected = reference(conv, x)
+    a = ai3.swap_conv2d(conv, "direct")
+    assert isinstance(a, swap.Conv2d) and a.algorithm == "direct"
+    b = ai3.swap_conv2d(a, "smm")
+    assert isinstance(b, swap.Conv2d) and b.algorithm == "smm" and b.weight is conv.weight
+    c = ai3.swap_conv2d(b, "torch")
+    assert type(c) is nn.Conv2d and c.weight is conv.weight
+    assert_close(b(x), expected)
+    assert "return" in ai3.swap_operation.__doc__.lower()

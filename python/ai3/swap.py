@@ -16,7 +16,9 @@ in place under ``torch.no_grad()`` instead.
 
 A swapped module carries the hyperparameters of the module it replaced
 (``stride``, ``padding`` as given, ...) and reads like it in its repr, plus
-its algorithm.
+its algorithm. Swapping again finds already-swapped layers: it rebuilds them
+with the new algorithm, and ``'torch'`` turns them back into plain PyTorch
+modules, always with the same ``Parameter`` objects.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from torch import nn
 
 from . import _core, _custom_ops
 from . import _layers as L
-from ._shapes import forward_order, input_shapes_of_modules
+from ._shapes import input_shapes_of_modules
 from .errors import DtypeError, ShapeError
 from .selectors import AlgorithmicSelector, Selection, op_name
 
 __all__ = [
     "swap_operation",
+    "is_swapped",
     "swap_conv2d",
     "swap_linear",
     "swap_relu",
@@ -265,6 +268,32 @@ class Flatten(_Swapped):
 _WRAPPERS: dict[str, type[_Swapped]] = {w.op: w for w in _Swapped.__subclasses__()}
 
 
+def is_swapped(module: nn.Module) -> bool:
+    """Whether ``module`` is one of ai3's swapped modules (``ai3.swap.Conv2d``, ...)."""
+    return isinstance(module, _Swapped)
+
+
+def _forward_order(module: nn.Module, targets: list[nn.Module]) -> list[nn.Module]:
+    """``targets`` in the order the forward pass first calls them, tracing
+    swapped modules as leaves (their ``forward`` branches on the input, which
+    fx cannot trace); modules fx cannot see keep their registration order."""
+    from .convert import trace  # convert imports this module
+
+    if not targets:
+        return []
+    try:
+        gm = trace(module)
+    except Exception:  # untraceable forward: registration order is the best we know
+        return list(targets)
+    order: list[nn.Module] = []
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            m = gm.get_submodule(n.target)
+            if any(m is t for t in targets) and not any(m is o for o in order):
+                order.append(m)
+    return order + [t for t in targets if not any(t is o for o in order)]
+
+
 def swap_operation(
     op_type: type[nn.Module] | str,
     module: nn.Module,
@@ -274,27 +303,39 @@ def swap_operation(
     swap_with: Callable[[nn.Module, str], nn.Module] | None = None,
 ) -> nn.Module:
     """Replaces, in place, every module of ``op_type`` inside ``module`` with
-    one running the selected ai3 algorithm; ``'torch'`` keeps a module as it is.
+    one running the selected ai3 algorithm; ``'torch'`` keeps a PyTorch module
+    as it is.
 
     ``op_type`` is a module type (``nn.Conv2d``) or an operation name
     (``'conv2d'``). ``algos`` is a selector (a name, a list in forward order,
     or a function of the module, and of its input shape when
     ``sample_input_shape`` is given). ``swap_with(orig, algorithm)`` builds the
-    replacement instead of ai3's own module. Returns ``module`` (or its
-    replacement, if ``module`` itself is of ``op_type``).
+    replacement instead of ai3's own module.
+
+    Layers swapped earlier are found again and counted in forward order like
+    plain ones: they are rebuilt with the new algorithm from the same
+    ``Parameter`` objects, and ``'torch'`` turns them back into the plain
+    PyTorch module (same Parameters, same hyperparameters). A function
+    selector sees such a layer as it is; it has the PyTorch module's
+    attributes (``in_channels``, ``kernel_size``, ...).
+
+    Returns ``module``, changed in place. When ``module`` itself is of
+    ``op_type`` it cannot be replaced in place and the replacement is
+    returned instead, so use the return value. (The reference returns None.)
 
     Example::
 
-        ai3.swap_operation(nn.Conv2d, net, ["direct", "smm"])
+        net = ai3.swap_operation(nn.Conv2d, net, ["direct", "smm"])
+        net = ai3.swap_conv2d(net, "torch")  # back to nn.Conv2d
     """
     op = op_name(op_type)
     if not isinstance(module, nn.Module):
         raise TypeError(f"swap_operation: expected a torch.nn.Module, got {type(module).__name__}")
     targets: list[nn.Module] = []
     for m in module.modules():
-        if L.op_of_module(m) == op and m not in targets:
-            targets.append(m)
-    ordered = forward_order(module, targets)
+        if L.op_of_module(m) == op or (is_swapped(m) and m.op == op):
+            targets.append(m)  # modules() yields each module once
+    ordered = _forward_order(module, targets)
     shapes = (
         input_shapes_of_modules(module, sample_input_shape, ordered)
         if sample_input_shape is not None
@@ -306,8 +347,13 @@ def swap_operation(
     replacement: dict[int, nn.Module] = {}
     for m in ordered:
         algo = selection.next(m, shapes.get(m) if shapes else None)
-        if algo != "torch":
-            replacement[id(m)] = build(m, algo)
+        if not is_swapped(m):
+            if algo != "torch":
+                replacement[id(m)] = build(m, algo)
+        elif algo == "torch":
+            replacement[id(m)] = m.to_torch()
+        elif swap_with is not None or algo != m.algorithm:
+            replacement[id(m)] = build(m.to_torch(), algo)
     if id(module) in replacement:
         return replacement[id(module)]
     for parent in list(module.modules()):
