@@ -1,6 +1,6 @@
 """Swapped modules behave like PyTorch's: re-swapping applies the new choice
-(``'torch'`` gives back the plain module), and they expose the
-hyperparameters and repr of the module they replaced."""
+(``'torch'`` gives back the plain module), they expose the hyperparameters and
+repr of the module they replaced, and ``convert`` accepts networks holding them."""
 
 from __future__ import annotations
 
@@ -251,6 +251,108 @@ def test_conv_attributes_as_pytorch_gives_them():
     assert repr(swapped) == repr(conv)[:-1] + ", algorithm='direct')"
     same = ai3.swap_conv2d(nn.Conv2d(3, 4, 4, padding="same"), "direct")
     assert same.padding == "same"
+
+
+# ---- 3. convert after swap ---------------------------------------------------------------
+
+
+class _Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(8, 6, 3, padding="same", padding_mode="reflect", bias=False)
+        self.avg = nn.AvgPool2d(2, count_include_pad=False)
+        self.adapt = nn.AdaptiveAvgPool2d((3, 2))
+        self.flat = nn.Flatten()
+        self.fc = nn.Linear(6 * 3 * 2, 5)
+
+    def forward(self, x):
+        x = self.pool(self.relu(self.conv1(x)))
+        x = self.avg(self.relu(self.conv2(x)))
+        return self.fc(self.flat(self.adapt(x)))
+
+
+SHAPE = (2, 3, 16, 16)
+
+
+def _rows(model: ai3.Model) -> dict[str, str]:
+    s = model.summary(SHAPE)
+    rows = s.rows if hasattr(s, "rows") else s
+    return {r["name"]: r["algorithm"] for r in rows}
+
+
+def _swapped_small():
+    torch.manual_seed(0)
+    ref = _Small().eval()
+    net = copy.deepcopy(ref)
+    ai3.swap_conv2d(net, ["smm", "gemm"])
+    for op in ["relu", "maxpool2d", "avgpool2d", "adaptiveavgpool2d", "flatten"]:
+        ai3.swap_operation(op, net, "direct")
+    ai3.swap_linear(net, "gemm")
+    return ref, net, torch.randn(SHAPE)
+
+
+def test_convert_network_with_swapped_modules_keeps_their_algorithms():
+    ref, net, x = _swapped_small()
+    model = ai3.convert(net)
+    assert_close(model(x), reference(ref, x))
+    rows = _rows(model)
+    assert rows["conv1"] == "smm" and rows["conv2"] == "gemm" and rows["fc"] == "gemm"
+    assert rows["pool"] == rows["avg"] == rows["adapt"] == rows["flat"] == "direct"
+
+
+def test_convert_mixes_swapped_and_plain_layers():
+    torch.manual_seed(0)
+    ref = _Small().eval()
+    net = copy.deepcopy(ref)
+    ai3.swap_conv2d(net, ["torch", "winograd"])
+    x = torch.randn(SHAPE)
+    model = ai3.convert(net, {"linear": "gemm"}, SHAPE)
+    assert_close(model(x), reference(ref, x))
+    rows = _rows(model)
+    assert rows["conv2"] == "winograd"
+    assert rows["conv1"] in ai3.SUPPORTED_ALGORITHMS["conv2d"]
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [("direct", ["direct", "direct"]), (["winograd", "direct"], ["winograd", "direct"])],
+    ids=["name", "list"],
+)
+def test_convert_selector_naming_the_operation_wins(selector, expected):
+    ref, net, x = _swapped_small()
+    model = ai3.convert(net, {"conv2d": selector})
+    assert_close(model(x), reference(ref, x))
+    rows = _rows(model)
+    assert [rows["conv1"], rows["conv2"]] == expected
+    assert rows["fc"] == "gemm"  # linear was not named: the swapped choice stays
+
+
+def test_convert_function_selector_with_shapes_on_swapped_network():
+    ref, net, x = _swapped_small()
+    seen = []
+
+    def pick(m, shape):
+        seen.append((m.out_channels, shape))
+        return "direct"
+
+    model = ai3.convert(net, {"conv2d": pick}, SHAPE)
+    assert seen == [(8, (2, 3, 16, 16)), (6, (2, 8, 8, 8))]
+    assert_close(model(x), reference(ref, x))
+
+
+def test_convert_a_swapped_module_itself():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    x = torch.randn(1, 3, 9, 9)
+    expected = reference(conv, x)
+    model = ai3.convert(ai3.swap_conv2d(copy.deepcopy(conv), "smm"))
+    assert_close(model(x), expected)
+    s = model.summary((1, 3, 9, 9))
+    rows = s.rows if hasattr(s, "rows") else s
+    assert [r["algorithm"] for r in rows] == ["smm"]
 
 
 # ---- 4. return value ---------------------------------------------------------------------
