@@ -362,6 +362,25 @@ MODULES: dict[type, Callable] = {
 }
 
 
+def _swapped_module(lw: Lowerer, n, m) -> None:
+    """A module ``ai3.swap_operation`` put in place: lowered as the PyTorch
+    module it stands for. The step keeps the swapped module, so convert can
+    keep its algorithm."""
+    plain = m.to_torch()
+    MODULES[type(plain)](lw, n, plain)
+    lw.steps[-1].module = m
+
+
+def _register_swapped() -> None:
+    from . import swap
+
+    for cls in swap._WRAPPERS.values():
+        MODULES[cls] = _swapped_module
+
+
+_register_swapped()
+
+
 # ---- function and method handlers ---------------------------------------------------------
 
 

@@ -15,12 +15,12 @@ import torch
 import torch.fx
 from torch import nn
 
-from . import _fusion
+from . import _fusion, swap
 from ._lowering import ALGO, ALL_INPUTS, In, Lowerer, Step
 from ._shapes import input_shapes_of_nodes
 from .errors import DtypeError, UnsupportedOperationError
 from .model import Model
-from .selectors import AlgorithmicSelector, Selection, normalize_algos
+from .selectors import AlgorithmicSelector, Selection, normalize_algos, op_name
 
 __all__ = ["convert", "swap_backend"]
 
@@ -41,19 +41,44 @@ def _resolve_dtype(module: nn.Module, dtype: Any) -> str:
     return _DTYPES[dtype]
 
 
+class Tracer(torch.fx.Tracer):
+    """``torch.fx`` tracer that keeps ai3's swapped modules as leaves: their
+    ``forward`` branches on the input, which fx cannot trace, and each stands
+    for one operation anyway."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return swap.is_swapped(m) or super().is_leaf_module(m, module_qualified_name)
+
+
+def trace(module: nn.Module) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace(module)`` with swapped modules as leaves."""
+    tracer = Tracer()
+    graph = tracer.trace(module)
+    return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
 def _select(
     lw: Lowerer,
     selectors: dict[str, Any],
     shapes,
+    named: frozenset[str] = frozenset(),
 ) -> dict[int, str]:
     """The algorithm of every step (by index), in forward order.
 
     A module called several times is one module to its selector, as in
-    swap_operation; every call of a function counts on its own.
+    swap_operation; every call of a function counts on its own. A swapped
+    module keeps its algorithm unless its operation is in ``named`` (the
+    operations the user gave selectors for), where it counts like any other.
     """
+
+    def kept(s: Step) -> bool:
+        return swap.is_swapped(s.module) and s.op not in named
+
     counts: dict[str, int] = {}
     seen: set[str] = set()
     for s in lw.steps:
+        if kept(s):
+            continue
         if s.node.op == "call_module":
             if s.node.target in seen:
                 continue
@@ -66,6 +91,9 @@ def _select(
     by_module: dict[str, str] = {}
     chosen: dict[int, str] = {}
     for i, s in enumerate(lw.steps):
+        if kept(s):
+            chosen[i] = s.module.algorithm  # type: ignore[union-attr]
+            continue
         key = s.node.target if s.node.op == "call_module" else None
         if key in by_module:
             chosen[i] = by_module[key]
@@ -146,6 +174,10 @@ def convert(
     them. Operations ai3 cannot run raise one
     :class:`ai3.UnsupportedOperationError` listing all of them.
 
+    Modules swapped by :func:`ai3.swap_operation` are converted as the
+    operation they stand for and keep their algorithm, unless ``algos`` names
+    that operation: then the selector decides for them too.
+
     Example::
 
         model = ai3.convert(resnet50, {"conv2d": "winograd", "linear": "gemm"})
@@ -155,8 +187,11 @@ def convert(
         raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
     dtype_name = _resolve_dtype(module, dtype)
     selectors = normalize_algos(algos)
+    named = frozenset(op_name(k) for k in algos) if algos else frozenset()
+    if swap.is_swapped(module):
+        module = nn.Sequential(module)  # a leaf cannot be the root of a trace
     try:
-        gm = torch.fx.symbolic_trace(module)
+        gm = trace(module)
     except Exception as e:  # fx raises many types; all mean "cannot trace"
         raise UnsupportedOperationError(
             [(type(module).__name__, "torch.fx.symbolic_trace")],
@@ -168,7 +203,7 @@ def convert(
     if lw.unsupported:
         raise UnsupportedOperationError(lw.unsupported)
     shapes = input_shapes_of_nodes(gm, sample_input_shape, getattr(torch, dtype_name))
-    chosen = _select(lw, selectors, shapes)
+    chosen = _select(lw, selectors, shapes, named)
     algo_of = {id(s): chosen[i] for i, s in enumerate(lw.steps)}
     running = _fusion.apply(lw, algo_of)
 

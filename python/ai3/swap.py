@@ -13,6 +13,12 @@ update PyTorch tracks (optimizer steps, ``load_state_dict``, ``nn.init``,
 Writes through ``w.data`` in place (``w.data.mul_(2)``) bypass the version
 counter, as they bypass autograd's checks, and are not seen: update weights
 in place under ``torch.no_grad()`` instead.
+
+A swapped module carries the hyperparameters of the module it replaced
+(``stride``, ``padding`` as given, ...) and reads like it in its repr, plus
+its algorithm. Swapping again finds already-swapped layers: it rebuilds them
+with the new algorithm, and ``'torch'`` turns them back into plain PyTorch
+modules, always with the same ``Parameter`` objects.
 """
 
 from __future__ import annotations
@@ -26,12 +32,13 @@ from torch import nn
 
 from . import _core, _custom_ops
 from . import _layers as L
-from ._shapes import forward_order, input_shapes_of_modules
+from ._shapes import input_shapes_of_modules
 from .errors import DtypeError, ShapeError
 from .selectors import AlgorithmicSelector, Selection, op_name
 
 __all__ = [
     "swap_operation",
+    "is_swapped",
     "swap_conv2d",
     "swap_linear",
     "swap_relu",
@@ -59,31 +66,61 @@ def _as_batched(op: str, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     )
 
 
+#: Attributes every ``nn.Module`` has; anything else on a PyTorch module is a
+#: hyperparameter (``stride``, ``ceil_mode``, ...) its swapped form keeps.
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+
+
 class _Swapped(nn.Module):
-    """Common base: remembers the algorithm and the operation it stands for."""
+    """Common base: remembers the algorithm, the operation it stands for and
+    the PyTorch module it replaced.
+
+    The replaced module's hyperparameters are copied onto the swapped one
+    (``in_channels``, ``stride``, ``padding`` as given, ...), so it reads like
+    the PyTorch module, and :meth:`to_torch` can rebuild that module.
+    """
 
     op: str = ""
+    #: The PyTorch module type this class stands in for.
+    torch_type: type[nn.Module] = nn.Module
 
-    def __init__(self, algorithm: str):
+    def __init__(self, orig: nn.Module, algorithm: str):
         super().__init__()
         self.algorithm = algorithm
+        self._hyper = {k: v for k, v in vars(orig).items() if k not in _MODULE_INTERNALS}
+        for k, v in self._hyper.items():
+            if not k.startswith("_"):
+                setattr(self, k, v)
+        for name, p in orig._parameters.items():
+            self.register_parameter(name, p)
+        self.train(orig.training)
+
+    def to_torch(self) -> nn.Module:
+        """The plain PyTorch module this one stands for, with the same
+        hyperparameters and sharing the same ``Parameter`` objects."""
+        m = self.torch_type.__new__(self.torch_type)
+        nn.Module.__init__(m)
+        for k, v in self._hyper.items():
+            setattr(m, k, v)
+        for name, p in self._parameters.items():
+            m.register_parameter(name, p)
+        m.train(self.training)
+        return m
 
     def extra_repr(self) -> str:
-        return f"algorithm={self.algorithm!r}"
+        base = self.torch_type.extra_repr(self)
+        return f"{base}, algorithm={self.algorithm!r}" if base else f"algorithm={self.algorithm!r}"
 
 
 class Conv2d(_Swapped):
     """Stands in for ``nn.Conv2d``, sharing its weight and bias."""
 
     op = "conv2d"
+    torch_type = nn.Conv2d
 
     def __init__(self, orig: nn.Conv2d, algorithm: str):
-        super().__init__(algorithm)
-        self.weight = orig.weight
-        self.bias = orig.bias
+        super().__init__(orig, algorithm)
         self.spec = L.conv_spec_of(orig)
-        self.in_channels, self.out_channels = orig.in_channels, orig.out_channels
-        self.kernel_size = orig.kernel_size
         # Fails now, not at the first forward, for an algorithm that cannot run this layer.
         dtype = {torch.float32: "float32", torch.float64: "float64"}.get(orig.weight.dtype)
         if dtype is not None:
@@ -92,15 +129,6 @@ class Conv2d(_Swapped):
                 "probe", 0, orig.weight.detach(), None, s.stride, s.padding, s.dilation,
                 s.groups, "zeros", algorithm,
             )  # fmt: skip
-
-    def extra_repr(self) -> str:
-        s = self.spec
-        return (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={tuple(self.kernel_size)}, "
-            f"stride={s.stride}, padding={s.padding}, dilation={s.dilation}, groups={s.groups}, "
-            f"padding_mode={s.padding_mode!r}, bias={self.bias is not None}, "
-            f"algorithm={self.algorithm!r}"
-        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, batched = _as_batched(self.op, x)
@@ -135,12 +163,7 @@ class Linear(_Swapped):
     """Stands in for ``nn.Linear``, sharing its weight and bias."""
 
     op = "linear"
-
-    def __init__(self, orig: nn.Linear, algorithm: str):
-        super().__init__(algorithm)
-        self.weight = orig.weight
-        self.bias = orig.bias
-        self.in_features, self.out_features = orig.in_features, orig.out_features
+    torch_type = nn.Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.weight.dtype:
@@ -155,9 +178,7 @@ class ReLU(_Swapped):
     """Stands in for ``nn.ReLU``."""
 
     op = "relu"
-
-    def __init__(self, orig: nn.ReLU, algorithm: str):
-        super().__init__(algorithm)
+    torch_type = nn.ReLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _custom_ops.call("relu", x, self.algorithm)
@@ -167,9 +188,10 @@ class MaxPool2d(_Swapped):
     """Stands in for ``nn.MaxPool2d``."""
 
     op = "maxpool2d"
+    torch_type = nn.MaxPool2d
 
     def __init__(self, orig: nn.MaxPool2d, algorithm: str):
-        super().__init__(algorithm)
+        super().__init__(orig, algorithm)
         self.spec = L.maxpool_spec_of(orig)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -192,10 +214,11 @@ class AvgPool2d(_Swapped):
     """Stands in for ``nn.AvgPool2d``."""
 
     op = "avgpool2d"
+    torch_type = nn.AvgPool2d
 
     def __init__(self, orig: nn.AvgPool2d, algorithm: str):
-        super().__init__(algorithm)
-        self.spec, self.count_include_pad, self.divisor_override = L.avgpool_spec_of(orig)
+        super().__init__(orig, algorithm)
+        self.spec, self._include_pad, self._divisor = L.avgpool_spec_of(orig)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, batched = _as_batched(self.op, x)
@@ -207,8 +230,8 @@ class AvgPool2d(_Swapped):
             list(p.stride),
             list(p.padding),
             p.ceil_mode,
-            self.count_include_pad,
-            self.divisor_override,
+            self._include_pad,
+            self._divisor,
             self.algorithm,
         )
         return y if batched else y.squeeze(0)
@@ -218,14 +241,15 @@ class AdaptiveAvgPool2d(_Swapped):
     """Stands in for ``nn.AdaptiveAvgPool2d``."""
 
     op = "adaptiveavgpool2d"
+    torch_type = nn.AdaptiveAvgPool2d
 
     def __init__(self, orig: nn.AdaptiveAvgPool2d, algorithm: str):
-        super().__init__(algorithm)
-        self.output_size = L.adaptive_size(orig.output_size)
+        super().__init__(orig, algorithm)
+        self._size = L.adaptive_size(orig.output_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, batched = _as_batched(self.op, x)
-        oh, ow = self.output_size
+        oh, ow = self._size
         size = [x.shape[2] if oh is None else oh, x.shape[3] if ow is None else ow]
         y = _custom_ops.call("adaptiveavgpool2d", x, size, self.algorithm)
         return y if batched else y.squeeze(0)
@@ -235,16 +259,39 @@ class Flatten(_Swapped):
     """Stands in for ``nn.Flatten``."""
 
     op = "flatten"
-
-    def __init__(self, orig: nn.Flatten, algorithm: str):
-        super().__init__(algorithm)
-        self.start_dim, self.end_dim = orig.start_dim, orig.end_dim
+    torch_type = nn.Flatten
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _custom_ops.call("flatten", x, self.start_dim, self.end_dim, self.algorithm)
 
 
 _WRAPPERS: dict[str, type[_Swapped]] = {w.op: w for w in _Swapped.__subclasses__()}
+
+
+def is_swapped(module: nn.Module) -> bool:
+    """Whether ``module`` is one of ai3's swapped modules (``ai3.swap.Conv2d``, ...)."""
+    return isinstance(module, _Swapped)
+
+
+def _forward_order(module: nn.Module, targets: list[nn.Module]) -> list[nn.Module]:
+    """``targets`` in the order the forward pass first calls them, tracing
+    swapped modules as leaves (their ``forward`` branches on the input, which
+    fx cannot trace); modules fx cannot see keep their registration order."""
+    from .convert import trace  # convert imports this module
+
+    if not targets:
+        return []
+    try:
+        gm = trace(module)
+    except Exception:  # untraceable forward: registration order is the best we know
+        return list(targets)
+    order: list[nn.Module] = []
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            m = gm.get_submodule(n.target)
+            if any(m is t for t in targets) and not any(m is o for o in order):
+                order.append(m)
+    return order + [t for t in targets if not any(t is o for o in order)]
 
 
 def swap_operation(
@@ -256,27 +303,39 @@ def swap_operation(
     swap_with: Callable[[nn.Module, str], nn.Module] | None = None,
 ) -> nn.Module:
     """Replaces, in place, every module of ``op_type`` inside ``module`` with
-    one running the selected ai3 algorithm; ``'torch'`` keeps a module as it is.
+    one running the selected ai3 algorithm; ``'torch'`` keeps a PyTorch module
+    as it is.
 
     ``op_type`` is a module type (``nn.Conv2d``) or an operation name
     (``'conv2d'``). ``algos`` is a selector (a name, a list in forward order,
     or a function of the module, and of its input shape when
     ``sample_input_shape`` is given). ``swap_with(orig, algorithm)`` builds the
-    replacement instead of ai3's own module. Returns ``module`` (or its
-    replacement, if ``module`` itself is of ``op_type``).
+    replacement instead of ai3's own module.
+
+    Layers swapped earlier are found again and counted in forward order like
+    plain ones: they are rebuilt with the new algorithm from the same
+    ``Parameter`` objects, and ``'torch'`` turns them back into the plain
+    PyTorch module (same Parameters, same hyperparameters). A function
+    selector sees such a layer as it is; it has the PyTorch module's
+    attributes (``in_channels``, ``kernel_size``, ...).
+
+    Returns ``module``, changed in place. When ``module`` itself is of
+    ``op_type`` it cannot be replaced in place and the replacement is
+    returned instead, so use the return value. (The reference returns None.)
 
     Example::
 
-        ai3.swap_operation(nn.Conv2d, net, ["direct", "smm"])
+        net = ai3.swap_operation(nn.Conv2d, net, ["direct", "smm"])
+        net = ai3.swap_conv2d(net, "torch")  # back to nn.Conv2d
     """
     op = op_name(op_type)
     if not isinstance(module, nn.Module):
         raise TypeError(f"swap_operation: expected a torch.nn.Module, got {type(module).__name__}")
     targets: list[nn.Module] = []
     for m in module.modules():
-        if L.op_of_module(m) == op and m not in targets:
-            targets.append(m)
-    ordered = forward_order(module, targets)
+        if L.op_of_module(m) == op or (is_swapped(m) and m.op == op):
+            targets.append(m)  # modules() yields each module once
+    ordered = _forward_order(module, targets)
     shapes = (
         input_shapes_of_modules(module, sample_input_shape, ordered)
         if sample_input_shape is not None
@@ -288,8 +347,13 @@ def swap_operation(
     replacement: dict[int, nn.Module] = {}
     for m in ordered:
         algo = selection.next(m, shapes.get(m) if shapes else None)
-        if algo != "torch":
-            replacement[id(m)] = build(m, algo)
+        if not is_swapped(m):
+            if algo != "torch":
+                replacement[id(m)] = build(m, algo)
+        elif algo == "torch":
+            replacement[id(m)] = m.to_torch()
+        elif swap_with is not None or algo != m.algorithm:
+            replacement[id(m)] = build(m.to_torch(), algo)
     if id(module) in replacement:
         return replacement[id(module)]
     for parent in list(module.modules()):
