@@ -150,8 +150,21 @@ def test_unrequested_unavailable_is_reported_not_failed():
     assert {(u.op, u.algorithm): u.reason for u in report.unavailable} == unavailable
     assert not any(u.requested for u in report.unavailable)
     assert report.ok
-    for reason in unavailable.values():
-        assert f"unavailable: {reason}" in out.getvalue()
+    text = out.getvalue()
+    # Each reason is given once, in a numbered note under the table ("[1] relu, linear: ..."),
+    # with the operation's own name written <op> when several operations share it.
+    notes = {}
+    for line in text.splitlines():
+        head, sep, reason = line.strip().partition(": ")
+        if line.startswith("  [") and sep:
+            number, _, ops = head.partition(" ")
+            notes.update({op: (number, reason) for op in ops.split(", ")})
+    for (op, algo), reason in unavailable.items():
+        number, note = notes[op]
+        assert note.replace("<op>", op) == reason
+        row = next(line for line in text.splitlines() if line.split()[:2] == [op, algo])
+        assert row.endswith(f"unavailable, note {number}")
+        assert text.count(note) == 1
 
 
 def test_verbose_prints_one_line_per_result():

@@ -37,7 +37,7 @@ from .errors import (
     ShapeError,
     UnsupportedOperationError,
 )
-from .model import Model
+from .model import Model, Summary
 from .selectors import AlgorithmicSelector
 from .swap import (
     swap_adaptiveavgpool2d,
@@ -49,6 +49,7 @@ from .swap import (
     swap_operation,
     swap_relu,
 )
+from .tensor import Tensor
 from .threads import get_num_threads, set_num_threads
 
 try:
@@ -71,6 +72,8 @@ __all__ = [
     "SUPPORTED_ALGORITHMS",
     "SelectorError",
     "ShapeError",
+    "Summary",
+    "Tensor",
     "UnsupportedOperationError",
     "__version__",
     "algorithm_table",

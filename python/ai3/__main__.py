@@ -1,8 +1,5 @@
-"""Command line: ``python -m ai3 demo`` converts and swaps small networks and
-reports, per layer, the algorithm used and the agreement with PyTorch;
-``python -m ai3 algorithms`` lists the algorithm registry;
-``python -m ai3 test [--op OP ...] [--algorithm ALGO ...] [--dtype float32|float64]
-[--quick] [-v]`` runs the correctness suite (:mod:`ai3.testing`)."""
+"""The command line, ``python -m ai3``: ``demo``, ``algorithms`` and ``test``
+(see :data:`DESCRIPTION`, which is what ``--help`` prints)."""
 
 from __future__ import annotations
 
@@ -14,6 +11,18 @@ from torch import nn
 
 import ai3
 from ai3 import testing
+
+#: The help text of ``python -m ai3`` (plain text: argparse prints it as it is).
+DESCRIPTION = "ai3: choose, per layer, the algorithm that runs each operation of a PyTorch network."
+
+#: The examples under ``python -m ai3 --help``, laid out by hand.
+EPILOG = """\
+examples:
+  python -m ai3 demo                  convert and swap small networks, compare with PyTorch
+  python -m ai3 algorithms            every operation's algorithms, and why any is unavailable
+  python -m ai3 test --quick          a quick run of the correctness suite
+  python -m ai3 test --help           the suite's options
+"""
 
 
 class ConvNet(nn.Module):
@@ -41,8 +50,8 @@ def _report(title: str, net: nn.Module, algos: dict, shape: tuple[int, ...]) -> 
     got = model(x)
     err = (got - expected).abs().max().item() / max(expected.abs().max().item(), 1e-12)
     print(f"\n== {title}: convert, input {list(shape)}")
-    for row in model.summary(shape):
-        print(f"  {row['name']:<22} {row['op']:<18} {row['algorithm']:<9} -> {row['output_shape']}")
+    for line in str(model.summary(shape)).splitlines():
+        print(f"  {line}")
     ok = err < 1e-4
     print(f"  max |ai3 - torch| / max |torch| = {err:.2e}  {'OK' if ok else 'MISMATCH'}")
     return ok
@@ -71,21 +80,43 @@ def demo() -> int:
 
 
 def algorithms() -> int:
-    """Prints the algorithm registry."""
-    for row in ai3.algorithm_table():
-        why = f"  (unavailable: {row['unavailable']})" if row["unavailable"] else ""
-        print(f"{row['op']:<18} {row['algorithm']:<9} {row['device']:<5} {row['summary']}{why}")
+    """Prints the algorithm registry, each unavailability reason once under the table."""
+    table = ai3.algorithm_table()
+    note_of, notes = testing._reason_notes(
+        (row["op"], row["unavailable"]) for row in table if row["unavailable"]
+    )
+    print(f"{'operation':<18} {'algorithm':<10} {'device':<6} summary")
+    for row in table:
+        why = ""
+        if row["unavailable"]:
+            why = f"  [unavailable, note {note_of[(row['op'], row['unavailable'])]}]"
+        print(f"{row['op']:<18} {row['algorithm']:<10} {row['device']:<6} {row['summary']}{why}")
+    if notes:
+        print("\nunavailable in this build:")
+        for note in notes:
+            print(f"  {note}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ai3``."""
-    parser = argparse.ArgumentParser(prog="python -m ai3", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m ai3",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     commands.add_parser("demo", help="convert and swap small networks, compare with PyTorch")
-    commands.add_parser("algorithms", help="list the algorithm registry")
+    commands.add_parser(
+        "algorithms", help="list the algorithm registry and why an algorithm is unavailable"
+    )
     test = commands.add_parser(
-        "test", help="run the correctness suite", description=testing.DESCRIPTION
+        "test",
+        help="run the correctness suite against PyTorch",
+        description=testing.DESCRIPTION,
+        epilog=testing.EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     testing.add_arguments(test)
     args = parser.parse_args(argv)

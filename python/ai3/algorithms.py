@@ -21,11 +21,11 @@ _SELECTABLE: dict[str, list[str]] = dict(_core.selectable())
 #: Operation names, as used in ``convert``'s selector mapping.
 OPERATIONS: tuple[str, ...] = tuple(_SELECTABLE)
 
-#: For each operation, the algorithms ai3 knows (some may be unavailable in this build;
-#: see :func:`algorithm_table`). ``'default'`` and, for swapping, ``'torch'`` are accepted too.
-SUPPORTED_ALGORITHMS: dict[str, list[str]] = {
-    op: [name for name in names if name != "default"] for op, names in _SELECTABLE.items()
-}
+#: For each operation, the algorithm names a selector may give it: the algorithms the
+#: registry knows (some may be unavailable in this build, see :func:`algorithm_table`),
+#: ``'custom'`` where the user's C++ can implement the operation, and ``'default'``
+#: (ai3 picks per layer). Swapping also accepts ``'torch'`` (keep PyTorch's module).
+SUPPORTED_ALGORITHMS: dict[str, list[str]] = {op: list(names) for op, names in _SELECTABLE.items()}
 
 #: The selector used for an operation that ``convert`` or ``swap_operation`` is not told about.
 DEFAULT_ALGOS: dict[str, str] = {op: "default" for op in _SELECTABLE}

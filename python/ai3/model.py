@@ -1,16 +1,25 @@
-"""``ai3.Model``: a whole network held and run by ai3's Rust executor."""
+"""``ai3.Model``: a whole network held and run by ai3's Rust executor, and
+``ai3.Summary``, the per-layer table that ``summary`` and ``profile`` return."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from . import _core, threads
-from .errors import DeviceError
+from .errors import DeviceError, Error, InvalidArgumentError
+from .tensor import Tensor, _check_out_type
 
-__all__ = ["Model"]
+__all__ = ["Model", "Summary"]
+
+_GRAD_WARNING = (
+    "ai3.Model is inference-only: an input requires grad, but the output of a converted "
+    "model has no grad_fn and no gradient flows back through it. To keep training working, "
+    "swap layers in place with ai3.swap_operation instead of converting the network."
+)
 
 
 def _build(recipe: dict[str, Any]) -> _core.Model:
@@ -21,87 +30,219 @@ def _build(recipe: dict[str, Any]) -> _core.Model:
     return core
 
 
-def _prepare_input(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
-            raise DeviceError(
-                f"model: input of shape {list(x.shape)} is on {x.device}, but this model runs on the CPU"
-            )
-        # A tensor that requires grad cannot be exported; the model never records gradients.
-        return x.detach()
-    return x
+def _shape_text(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _table(header: list[str], body: list[list[str]], right: set[int] = frozenset()) -> str:
+    """Columns padded to their widest cell, two spaces apart; ``right``: right-aligned ones."""
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join(line(r) for r in [header, *body])
+
+
+class Summary(Sequence):
+    """What :meth:`Model.summary` and :meth:`Model.profile` return: one row per
+    node of the graph, printed as an aligned table.
+
+    ``rows`` holds the data, one dict per node with ``name``, ``op``,
+    ``fused`` (the activation fused into the node, or ``None``),
+    ``algorithm`` (the one that runs for these shapes; ``'default'`` is
+    resolved), ``input_shapes``, ``output_shape`` and, from ``profile``,
+    ``ms`` (the node's median time in milliseconds). The summary also behaves
+    as that list: ``len``, iteration and indexing give the row dicts.
+
+    Example::
+
+        >>> print(model.summary((1, 3, 32, 32)))
+        name     op           algorithm  input shapes     output shape
+        conv1    conv2d+relu  direct     [1, 3, 32, 32]   [1, 16, 32, 32]
+        ...
+    """
+
+    def __init__(self, rows: list[dict[str, Any]]):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.rows[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Summary):
+            return self.rows == other.rows
+        if isinstance(other, list):
+            return self.rows == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def total_ms(self) -> float | None:
+        """The sum of the nodes' times (from ``profile``), else ``None``."""
+        if not self.rows or "ms" not in self.rows[0]:
+            return None
+        return sum(r["ms"] for r in self.rows)
+
+    def __str__(self) -> str:
+        timed = self.total_ms is not None
+        header = ["name", "op", "algorithm", "input shapes", "output shape"]
+        if timed:
+            header.append("ms")
+        body = []
+        for r in self.rows:
+            op = r["op"] + (f"+{r['fused']}" if r.get("fused") else "")
+            ins = ", ".join(_shape_text(s) for s in r["input_shapes"])
+            cells = [r["name"], op, r["algorithm"], ins, _shape_text(r["output_shape"])]
+            if timed:
+                cells.append(f"{r['ms']:.3f}")
+            body.append(cells)
+        if timed:
+            body.append(["total", "", "", "", "", f"{self.total_ms:.3f}"])
+        return _table(header, body, right={5})
+
+    __repr__ = __str__
 
 
 class Model:
     """A network converted by :func:`ai3.convert`; every layer runs in Rust.
 
-    Call it like the PyTorch module it came from: ``model(x)``. The GIL is
-    released for the whole forward pass and no Python runs between layers, so
-    several threads may call one model at once. Models pickle and deep-copy
-    (their weights are kept with them).
+    Call it like the PyTorch module it came from: ``model(x)`` (or
+    ``model(x1, x2)`` for several inputs) returns ``torch.Tensor`` outputs.
+    :meth:`predict` is the reference ai3's spelling: one input (a tuple for
+    several) and an ``out_type``.
+
+    The model is for inference only: no gradient flows through it (an input
+    that requires grad gets a one-time warning; use :func:`ai3.swap_operation`
+    to keep training). The GIL is released for the whole forward pass and no
+    Python runs between layers, so several threads may call one model at
+    once. Models pickle and deep-copy (their weights are kept with them).
+    ``print(model)`` shows each node, its fused activation, the algorithm that
+    runs and the shapes (see :meth:`summary`).
     """
 
     def __init__(self, recipe: dict[str, Any]):
         self._recipe = recipe
         self._core = _build(recipe)
+        # The input shapes of the latest call, for repr and summary().
+        self._last_shapes: list[list[int]] | None = None
+        self._warned_grad = False
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the model computes in; inputs must have it."""
         return getattr(torch, self._core.dtype)
 
+    def _prepare(self, inputs: Sequence[Any], stacklevel: int) -> list[Any]:
+        """Checks the inputs and detaches them; ``stacklevel`` is the user's frame as
+        seen from here (1 = this method), so the warning points at the user's line."""
+        prepared = []
+        for x in inputs:
+            if isinstance(x, torch.Tensor):
+                if x.device.type != "cpu":
+                    raise DeviceError(
+                        f"model: input of shape {list(x.shape)} is on {x.device}, "
+                        "but this model runs on the CPU"
+                    )
+                if x.requires_grad and torch.is_grad_enabled() and not self._warned_grad:
+                    self._warned_grad = True
+                    warnings.warn(_GRAD_WARNING, UserWarning, stacklevel=stacklevel)
+                # A tensor that requires grad cannot be exported; the model records no gradients.
+                x = x.detach()
+            prepared.append(x)
+        return prepared
+
+    def _run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        threads.sync()
+        prepared = self._prepare(inputs, stacklevel=4)  # _prepare, _run, __call__ or predict, user
+        capsules = self._core.run(prepared)
+        # Only after a successful run, so that repr never shows shapes the model rejected.
+        self._last_shapes = [list(getattr(x, "shape", ())) for x in prepared]
+        return [torch.from_dlpack(c) for c in capsules]
+
     def __call__(self, *inputs: Any) -> Any:
-        return self.predict(*inputs)
+        """Runs the network on ``inputs`` (one per input of the network) and returns
+        a ``torch.Tensor``, or a tuple of them for a network with several outputs."""
+        outs = self._run(inputs)
+        return outs[0] if self._recipe["single_output"] else tuple(outs)
 
     def forward(self, *inputs: Any) -> Any:
         """Same as calling the model."""
-        return self.predict(*inputs)
+        outs = self._run(inputs)
+        return outs[0] if self._recipe["single_output"] else tuple(outs)
 
-    def predict(self, *inputs: Any, out_type: Any = None) -> Any:
-        """Runs the network. ``out_type`` may be ``torch.Tensor`` (the default) or
-        ``numpy.ndarray``; outputs are returned without a copy."""
-        threads.sync()
-        capsules = self._core.run([_prepare_input(x) for x in inputs])
-        outs = [torch.from_dlpack(c) for c in capsules]
-        if out_type is not None and out_type is not torch.Tensor:
-            if getattr(out_type, "__name__", "") == "ndarray":
-                outs = [o.numpy() for o in outs]
-            else:
-                raise TypeError(f"out_type must be torch.Tensor or numpy.ndarray, got {out_type!r}")
-        if self._recipe["single_output"]:
-            return outs[0]
-        return tuple(outs)
+    def predict(self, input: Any, out_type: type | None = None) -> Any:
+        """Runs the network on ``input`` (a tuple or list of inputs for a network
+        with several) and returns the output as ``out_type``: ``ai3.Tensor`` (the
+        default, as in the reference ai3), ``torch.Tensor`` or ``numpy.ndarray``.
+        Nothing is copied. A network with several outputs gives a tuple.
 
-    def _shapes(self, input_shape: Any) -> list[list[int]]:
-        shape = input_shape or self._recipe.get("sample_input_shape")
-        if shape is None:
-            raise ValueError("an input shape is needed (none was given to convert)")
+        >>> model.predict(x, torch.Tensor)
+        """
+        if out_type is None:
+            out_type = Tensor
+        _check_out_type("predict", out_type)
+        inputs = list(input) if isinstance(input, (tuple, list)) else [input]
+        outs = [Tensor(o).to(out_type) for o in self._run(inputs)]
+        return outs[0] if self._recipe["single_output"] else tuple(outs)
+
+    def _known_shapes(self) -> list[list[int]] | None:
+        shape = self._recipe.get("sample_input_shape")
+        if shape is not None:
+            return self._as_shape_list(shape)
+        return self._last_shapes
+
+    @staticmethod
+    def _as_shape_list(shape: Any) -> list[list[int]]:
         if len(shape) and isinstance(shape[0], Sequence):
             return [list(s) for s in shape]  # one shape per input
         return [list(shape)]
 
-    def summary(self, input_shape: Sequence[int] | None = None) -> list[dict[str, Any]]:
-        """One dict per layer: name, op, the algorithm that runs for this input
-        shape, input shapes and output shape. Defaults to the sample input shape
-        given to ``convert``; give a list of shapes for a model with several inputs."""
-        return self._core.summary(self._shapes(input_shape))
+    def _shapes(self, what: str, input_shape: Any) -> list[list[int]]:
+        if input_shape is not None:
+            shapes: list[list[int]] | None = self._as_shape_list(input_shape)
+        else:
+            shapes = self._known_shapes()
+        if shapes is None:
+            raise InvalidArgumentError(
+                f"{what}: an input shape is needed: none was given here or to "
+                "convert(sample_input_shape=...), and the model has not been called yet"
+            )
+        return shapes
 
-    def profile(self, *inputs: Any, repeat: int = 10) -> list[dict[str, Any]]:
-        """Times every layer on these inputs: the :meth:`summary` rows, each with
-        ``ms``, the layer's median time over ``repeat`` runs (after one warm-up run).
+    def summary(self, input_shape: Sequence[int] | None = None) -> Summary:
+        """The nodes of the graph for this input shape, as a :class:`Summary`
+        (prints as a table; ``.rows`` holds one dict per node). Defaults to the
+        sample input shape given to ``convert``, or else the input shapes of the
+        latest call; give a list of shapes for a model with several inputs."""
+        return Summary(self._core.summary(self._shapes("summary", input_shape)))
 
-        >>> rows = model.profile(torch.randn(1, 3, 224, 224))
-        >>> max(rows, key=lambda r: r["ms"])["name"]  # the slowest layer
+    def profile(self, *inputs: Any, repeat: int = 10) -> Summary:
+        """Times every node on these inputs: the :meth:`summary` rows, each with
+        ``ms``, the node's median time over ``repeat`` runs (after one warm-up run).
+
+        >>> prof = model.profile(torch.randn(1, 3, 224, 224))
+        >>> print(prof)                                  # the table, with an ms column
+        >>> max(prof, key=lambda r: r["ms"])["name"]     # the slowest node
         """
         if repeat < 1:
-            raise ValueError(f"profile: repeat must be at least 1, got {repeat}")
+            raise InvalidArgumentError(f"profile: repeat must be at least 1, got {repeat}")
         threads.sync()
-        prepared = [_prepare_input(x) for x in inputs]
+        prepared = self._prepare(inputs, stacklevel=3)
         _, times = self._core.profile(prepared, repeat)
-        rows = self._core.summary([list(x.shape) for x in prepared])
+        self._last_shapes = [list(x.shape) for x in prepared]
+        rows = self._core.summary(self._last_shapes)
         for row, t in zip(rows, times, strict=True):
             row["ms"] = t * 1e3
-        return rows
+        return Summary(rows)
 
     def memory_plan(self, input_shape: Sequence[int] | None = None) -> dict[str, int]:
         """What the memory planner decided for this input shape: ``arena_bytes``
@@ -109,26 +250,38 @@ class Model:
         they would take if none shared memory) and ``arenas_allocated`` (arenas
         created so far over all calls: one per thread running concurrently, and
         a new one only when the input shape grows)."""
-        return self._core.memory_plan(self._shapes(input_shape))
+        return self._core.memory_plan(self._shapes("memory_plan", input_shape))
+
+    def _requested_table(self) -> str:
+        """Without shapes only the requested algorithm is known ('default' resolves per shape)."""
+        steps = [(args, kw) for method, args, kw in self._recipe["nodes"] if method != "constant"]
+        body = []
+        for (name, op), (args, kwargs) in zip(self._core.nodes(), steps, strict=True):
+            act = kwargs.get("activation")
+            body.append([name, op + (f"+{act[0]}" if act else ""), str(args[-1])])
+        return _table(["name", "op", "algorithm (requested)"], body)
 
     def __repr__(self) -> str:
-        shape = self._recipe.get("sample_input_shape")
-        lines = [f"ai3.Model(dtype={self._core.dtype}"]
-        if shape is not None:
-            lines[0] += f", input_shape={list(shape)})"
-            for r in self.summary(shape):
-                ins = ", ".join(str(s) for s in r["input_shapes"])
-                op = r["op"] + (f"+{r['fused']}" if r["fused"] else "")
-                lines.append(
-                    f"  {r['name']:<28} {op:<18} {r['algorithm']:<9} {ins} -> {r['output_shape']}"
-                )
+        shapes = self._known_shapes()
+        dtype = self._core.dtype
+        if shapes is not None:
+            try:
+                table = str(self.summary(shapes))
+            except Error:  # repr must not raise; fall back to what needs no shapes
+                shapes = None
+        if shapes is not None:
+            shown = _shape_text(shapes[0]) if len(shapes) == 1 else str(shapes)
+            head = f"ai3.Model(dtype={dtype}, input_shape={shown})"
+            note = ""
         else:
-            lines[0] += ")"
-            # Without shapes only the requested algorithm is known ('default' resolves per shape).
-            for method, args, _ in self._recipe["nodes"]:
-                if method != "constant":
-                    lines.append(f"  {args[0]:<28} {method:<18} {args[-1]}")
-        return "\n".join(lines)
+            head = f"ai3.Model(dtype={dtype})"
+            table = self._requested_table()
+            note = (
+                "\n  (shapes, and the algorithm that 'default' picks, are known after the "
+                "first call, or from convert's sample_input_shape)"
+            )
+        body = "\n".join("  " + line for line in table.splitlines())
+        return f"{head}\n{body}{note}"
 
     def __reduce__(self):
         return (Model, (self._recipe,))

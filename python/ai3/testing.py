@@ -30,8 +30,9 @@ Outcomes of a case:
   declined this configuration (``winograd`` on a 5x5 kernel); not a failure.
 
 An algorithm that is not available in this build (``custom`` when no C++ was
-compiled in) is reported as ``unavailable: <reason>``; that is an error only
-when it was asked for by name.
+compiled in) is reported as ``unavailable`` with a numbered note under the
+table giving the reason once; that is an error only when it was asked for by
+name.
 
 The same from Python::
 
@@ -43,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -91,6 +94,35 @@ UNSUPPORTED = "UNSUPPORTED"
 TOLERANCES: dict[torch.dtype, float] = {torch.float32: 1e-4, torch.float64: 1e-10}
 
 _DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64}
+
+
+# ---- printing unavailable reasons --------------------------------------------------------------
+
+_OP = "<op>"
+
+
+def _reason_notes(pairs: Iterable[tuple[str, str]]) -> tuple[dict[tuple[str, str], int], list[str]]:
+    """Numbers each distinct unavailability reason once, for notes under a table.
+
+    ``pairs``: (operation, reason). Reasons that differ only by the operation's own name
+    (``custom conv2d is not implemented ...``) share one note, in which the name reads
+    ``<op>``. Returns the note number of each pair and the note lines
+    (``[1] conv2d, linear: <reason>``); a note for one operation keeps its reason verbatim.
+    """
+    groups: dict[str, tuple[list[str], str]] = {}  # template -> (operations, first reason)
+    template_of: dict[tuple[str, str], str] = {}
+    for op, reason in pairs:
+        template = re.sub(rf"\b{re.escape(op)}\b", _OP, reason)
+        ops, _ = groups.setdefault(template, ([], reason))
+        if op not in ops:
+            ops.append(op)
+        template_of[(op, reason)] = template
+    number = {t: i + 1 for i, t in enumerate(groups)}
+    notes = [
+        f"[{number[t]}] {', '.join(ops)}: {first if len(ops) == 1 else t}"
+        for t, (ops, first) in groups.items()
+    ]
+    return {pair: number[t] for pair, t in template_of.items()}, notes
 
 
 # ---- results -----------------------------------------------------------------------------------
@@ -177,16 +209,22 @@ class Report:
         return list(rows.values())
 
     def format_summary(self) -> str:
-        """The summary as a text table, with a closing verdict."""
+        """The summary as a text table, each unavailability reason once in a numbered note
+        under it, and a closing verdict."""
+        note_of, notes = _reason_notes((u.op, u.reason) for u in self.unavailable)
         lines = [
             f"{'operation':<18} {'algorithm':<10} {'passed':>6} {'failed':>6} {'unsupported':>11}"
         ]
         for row in self.summary():
             head = f"{row['op']:<18} {row['algorithm']:<10}"
             if "unavailable" in row:
-                lines.append(f"{head} unavailable: {row['unavailable']}")
+                number = note_of[(row["op"], row["unavailable"])]
+                lines.append(f"{head} unavailable, note [{number}]")
             else:
                 lines.append(f"{head} {row[PASS]:>6} {row[FAIL]:>6} {row[UNSUPPORTED]:>11}")
+        if notes:
+            lines.append("unavailable in this build:")
+            lines += [f"  {note}" for note in notes]
         counts = {s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, UNSUPPORTED)}
         dtype = str(self.dtype).replace("torch.", "")
         lines.append(
@@ -194,7 +232,8 @@ class Report:
             f"{counts[UNSUPPORTED]} unsupported in {self.seconds:.1f} s"
         )
         for u in self.requested_unavailable:
-            lines.append(f"error: {u.op} algorithm {u.algorithm!r} is unavailable: {u.reason}")
+            number = note_of[(u.op, u.reason)]
+            lines.append(f"error: {u.op} algorithm {u.algorithm!r} is unavailable [{number}]")
         lines.append("OK" if self.ok else "FAILED")
         return "\n".join(lines)
 
@@ -404,7 +443,7 @@ def run(
             if reason is not None:
                 report.unavailable.append(Unavailable(op, algorithm, reason, requested))
                 if verbose or requested:
-                    write(f"UNAVAILABLE {op} [{algorithm}]: {reason}")
+                    write(f"UNAVAILABLE {op} [{algorithm}] (why: in the notes under the summary)")
                 continue
             for case in cases(op, quick):
                 for via in _PATHS:
@@ -419,13 +458,22 @@ def run(
 
 # ---- command line ------------------------------------------------------------------------------
 
-#: The help text of ``python -m ai3 test``.
-DESCRIPTION = (
+#: The help text of ``python -m ai3 test``, wrapped to 79 columns (printed as it is).
+DESCRIPTION = textwrap.fill(
     "Runs ai3's correctness suite: every case of each operation's hyperparameter grid, for "
     "each algorithm, through ai3.convert and ai3.swap_operation, compared with PyTorch. "
     "Exit code 0: all passed; 1: a case failed or a named algorithm is unavailable; "
-    "2: bad arguments."
+    "2: bad arguments.",
+    width=79,
 )
+
+#: The examples under ``python -m ai3 test --help``, laid out by hand.
+EXAMPLES = """\
+examples:
+  python -m ai3 test                                  everything, float32
+  python -m ai3 test --op conv2d --algorithm custom   your C++ conv2d
+  python -m ai3 test --dtype float64 --quick -v       a small subset, one line per case
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -461,6 +509,11 @@ def run_cli(args: argparse.Namespace, stream: TextIO | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ai3 test`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m ai3 test", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        prog="python -m ai3 test",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     return run_cli(parser.parse_args(argv))
