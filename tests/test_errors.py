@@ -130,26 +130,29 @@ def test_conv_channel_mismatch(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("op", [op for op in OPS if op != "flatten"])
-def test_empty_input(op, path):
+@pytest.mark.parametrize("op", OPS)
+def test_empty_batch_gives_an_empty_output(op, path):
+    """As in PyTorch: detection heads with no boxes run layers on a batch of 0."""
     module, shape = layer(op)
-    f = runner(op, path, module)
-    with pytest.raises(ai3.ShapeError) as info:
-        f(torch.ones((0, *shape[1:])))
-    check_exception(info.value, ai3.ShapeError, ValueError)
-    assert op in str(info.value), str(info.value)
+    x = torch.ones((0, *shape[1:]))
+    with torch.no_grad():
+        expected = module(x)
+    got = runner(op, path, module)(x)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_flatten_empty_input(path):
-    """Flattening an empty batch is well defined: ai3 either refuses it clearly or agrees with torch."""
-    x = torch.ones(0, 3, 6, 6)
-    try:
-        out = runner("flatten", path, nn.Flatten())(x)
-    except ai3.ShapeError as e:
-        assert "flatten" in str(e)
-    else:
-        assert out.shape == (0, 108) and out.dtype == x.dtype
+@pytest.mark.parametrize("op", ["conv2d", "maxpool2d", "avgpool2d", "adaptiveavgpool2d"])
+def test_empty_plane(op, path):
+    """An image with no rows has no windows; PyTorch refuses it too."""
+    module, shape = layer(op)
+    x = torch.ones((1, shape[1], 0, shape[3]))
+    with pytest.raises(RuntimeError):
+        module(x)
+    with pytest.raises(ai3.ShapeError) as info:
+        runner(op, path, module)(x)
+    check_exception(info.value, ai3.ShapeError, ValueError)
+    assert op in str(info.value) and "[1, 3, 0, 6]" in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize("path", PATHS)

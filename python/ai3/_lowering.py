@@ -471,16 +471,23 @@ def _adaptive_fn(op: str) -> Callable:
 def _weights(lw: Lowerer, x: Any, *weights: Any) -> tuple[list[Any], list[Any]]:
     """The values a layer reading ``x`` with ``weights`` reads, and its weight arguments.
 
-    Module attributes (and tensors) stay constants the layer holds, prepared
-    once; graph values (model inputs, computed tensors) become inputs the
-    layer reads on every call, given as :class:`In` placeholders."""
+    Weights that are all module attributes stay constants the layer holds,
+    prepared once. If any is a graph value (a model input, a computed
+    tensor), every weight becomes an input the layer reads on every call,
+    given as an :class:`In` placeholder (absent ones stay None)."""
+
+    def held(w: Any) -> bool:
+        return not isinstance(w, torch.fx.Node) or lw.canonical(w).op == "get_attr"
+
+    if all(held(w) for w in weights):
+        return [x], [lw.const_tensor(lw.canonical(w) if w is not None else None) for w in weights]
     inputs, args = [x], []
     for w in weights:
-        if isinstance(w, torch.fx.Node) and lw.canonical(w).op != "get_attr":
+        if w is None:
+            args.append(None)
+        else:
             args.append(In(len(inputs)))
             inputs.append(w)
-        else:
-            args.append(lw.const_tensor(lw.canonical(w) if isinstance(w, torch.fx.Node) else w))
     return inputs, args
 
 
@@ -525,7 +532,16 @@ def _batchnorm(lw: Lowerer, n, b: dict[str, Any]) -> None:
 
 def _batchnorm_fn(lw: Lowerer, n) -> None:
     """``F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)``."""
-    names = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    names = (
+        "input",
+        "running_mean",
+        "running_var",
+        "weight",
+        "bias",
+        "training",
+        "momentum",
+        "eps",
+    )
     d = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
     _batchnorm(lw, n, bind(n, names, d))
 

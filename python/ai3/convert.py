@@ -8,6 +8,7 @@ activations (:mod:`ai3._fusion`) -> a recipe the Rust graph is built from.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch.fx
 from torch import nn
 
 from . import _fusion, swap
-from ._lowering import ALGO, ALL_INPUTS, In, Lowerer, Step
+from ._lowering import ALGO, ALL_INPUTS, MODULES, In, Lowerer, Step
 from ._shapes import input_shapes_of_nodes
 from .errors import DtypeError, UnsupportedOperationError
 from .model import Model
@@ -188,8 +189,10 @@ def convert(
     dtype_name = _resolve_dtype(module, dtype)
     selectors = normalize_algos(algos)
     named = frozenset(op_name(k) for k in algos) if algos else frozenset()
-    if swap.is_swapped(module):
-        module = nn.Sequential(module)  # a leaf cannot be the root of a trace
+    if swap.is_swapped(module) or type(module) in MODULES:
+        # A layer passed on its own is traced as one call of it, with its
+        # module semantics (padding modes, ...), not through its forward.
+        module = nn.Sequential(OrderedDict([(type(module).__name__.lower(), module)]))
     try:
         gm = trace(module)
     except Exception as e:  # fx raises many types; all mean "cannot trace"
