@@ -67,8 +67,8 @@ impl Model {
 
     /// Appends a layer reading `x` with these weights (`None`: absent, e.g. no
     /// bias), built by `build`. When every weight is held the layer is built
-    /// once; otherwise the node reads the weights as values and builds the
-    /// layer from them on every call ([`RuntimeWeights`]).
+    /// once; when every weight is a value id the node reads them and builds
+    /// the layer from them on every call ([`RuntimeWeights`]). Mixing is an error.
     fn push_layer<O: Operation + 'static>(
         &mut self,
         name: &str,
@@ -95,10 +95,16 @@ impl Model {
         let present: Vec<bool> = weights.iter().map(Option::is_some).collect();
         let mut inputs = vec![x];
         for w in weights.into_iter().flatten() {
-            inputs.push(match w {
-                Weight::Value(v) => v,
-                Weight::Held(t) => no_panic(name, || self.graph.constant(t)).map_err(to_py)?,
-            });
+            match w {
+                Weight::Value(v) => inputs.push(v),
+                // Adding constants here would shift the value ids the caller counts.
+                Weight::Held(_) => {
+                    return Err(to_py(Error::invalid(
+                        op.name(),
+                        "weights must all be tensors or all be value ids (add constants with `constant`)",
+                    )))
+                }
+            }
         }
         let dtype = self.graph.dtype();
         let layer = move |given: Vec<Tensor>| -> ai3_core::Result<Box<dyn Operation>> {
