@@ -6,6 +6,11 @@ from typing import Any
 #: or ``("add" | "sub" | "mul" | "floordiv", a, b)``; a bare int is a constant.
 SizeExpr = int | tuple[Any, ...]
 
+#: A layer's weight: a tensor the layer holds (prepared once), or an int naming
+#: a graph value the layer reads on every call. A layer's weights are all one or
+#: all the other.
+Weight = Any
+
 class Model:
     def __init__(self, dtype: str, num_inputs: int, copy_weights: bool = True) -> None: ...
     @property
@@ -14,8 +19,8 @@ class Model:
         self,
         name: str,
         x: int,
-        weight: Any,
-        bias: Any | None,
+        weight: Weight,
+        bias: Weight | None,
         stride: tuple[int, int],
         padding: tuple[int, int, int, int],
         dilation: tuple[int, int],
@@ -28,8 +33,8 @@ class Model:
         self,
         name: str,
         x: int,
-        weight: Any,
-        bias: Any | None,
+        weight: Weight,
+        bias: Weight | None,
         algorithm: str,
         activation: tuple[str, list[float]] | None = None,
     ) -> int: ...
@@ -53,10 +58,10 @@ class Model:
         self,
         name: str,
         x: int,
-        weight: Any | None,
-        bias: Any | None,
-        running_mean: Any,
-        running_var: Any,
+        weight: Weight | None,
+        bias: Weight | None,
+        running_mean: Weight,
+        running_var: Weight,
         eps: float,
         algorithm: str,
         activation: tuple[str, list[float]] | None = None,
@@ -66,8 +71,8 @@ class Model:
         name: str,
         x: int,
         normalized_shape: list[int],
-        weight: Any | None,
-        bias: Any | None,
+        weight: Weight | None,
+        bias: Weight | None,
         eps: float,
         algorithm: str,
     ) -> int: ...
