@@ -286,3 +286,43 @@ def test_custom_unavailable_message_carries_no_build_path():
     msg = str(info.value)
     assert "conv2d.cpp" in msg and "AI3_CUSTOM_DIR" in msg
     assert repo not in msg and "cpp_custom/README.md" in msg
+
+
+# ---- options a handler cannot honour are reported, never ignored ----------------------------
+
+
+class Method(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.div(3.0, rounding_mode="floor"),
+        lambda x: x.div(x + 1, rounding_mode="trunc"),
+        lambda x: torch.div(x, 3.0, rounding_mode="floor"),
+        lambda x: x.add(x, alpha=2),
+        lambda x: x.sub(1.0, alpha=3),
+        lambda x: torch.add(x, x, alpha=0.5),
+    ],
+    ids=["div-floor", "div-trunc", "torch.div-floor", "add-alpha", "sub-alpha", "torch.add-alpha"],
+)
+def test_binary_options_are_reported(fn):
+    with pytest.raises(ai3.UnsupportedOperationError) as info:
+        ai3.convert(Method(fn))
+    assert "rounding_mode" in str(info.value) or "alpha" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: x.div(3.0, rounding_mode=None), lambda x: x.add(x, alpha=1)],
+    ids=["div-none", "add-alpha-1"],
+)
+def test_binary_default_options_convert(fn):
+    x = torch.randn(2, 3) * 10
+    converted(Method(fn), x)

@@ -625,15 +625,28 @@ def _binary_fn(lw: Lowerer, n) -> None:
         return
     kind = _BINARY_NAMES[n.target]
     b = bind(n, ("input", "other"), {})
-    if b.get("alpha", 1) != 1 or b.get("rounding_mode") is not None:
-        raise Unsupported("alpha / rounding_mode")
+    _binary_options(n, b)
     _binary(lw, n, kind, b["input"], b["other"])
+
+
+def _binary_options(n, given: dict[str, Any]) -> None:
+    """Rejects the options of add/sub/mul/div that ai3 does not honour (``alpha``
+    other than 1, any ``rounding_mode``, ``out``, ...) instead of ignoring them."""
+    extra = {k: v for k, v in given.items() if k not in ("input", "other", "self")}
+    if extra.get("alpha", 1) == 1:
+        extra.pop("alpha", None)
+    if extra.get("rounding_mode", None) is None:
+        extra.pop("rounding_mode", None)
+    if extra or len(n.args) > 2:
+        shown = {**extra, **({"args": n.args[2:]} if len(n.args) > 2 else {})}
+        raise Unsupported(f"arguments ai3 does not implement: {shown}")
 
 
 def _binary_method(kind: str) -> Callable:
     def handler(lw: Lowerer, n) -> None:
-        if n.kwargs.get("alpha", 1) != 1:
-            raise Unsupported("alpha")
+        if len(n.args) < 2:
+            raise Unsupported("missing the other operand")
+        _binary_options(n, dict(n.kwargs))
         _binary(lw, n, kind, n.args[0], n.args[1])
 
     return handler
