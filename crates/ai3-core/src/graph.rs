@@ -573,7 +573,7 @@ fn with_node(e: Error, node: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::{Activation, ActivationKind, Flatten};
+    use crate::ops::{Activation, ActivationKind, Flatten, Softmax};
 
     fn relu() -> Box<Activation> {
         Box::new(Activation::new(ActivationKind::Relu).unwrap())
@@ -649,13 +649,26 @@ mod tests {
 
     #[test]
     fn errors_name_the_node() {
-        let g = relu_chain();
-        let x = Tensor::zeros(DType::F32, &[0, 3]);
-        let err = g.run(vec![x]).unwrap_err().to_string();
+        let mut g = Graph::new(DType::F32, 1);
+        let s = g
+            .push("softmax", Box::new(Softmax::new(5)), vec![0])
+            .unwrap();
+        g.set_outputs(vec![s]).unwrap();
+        let err = g
+            .run(vec![Tensor::zeros(DType::F32, &[2, 3])])
+            .unwrap_err()
+            .to_string();
         assert!(
-            err.contains("at node 'relu'") && err.contains("[0, 3]"),
+            err.contains("at node 'softmax'") && err.contains("[2, 3]"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_empty_batch_runs_no_kernel_and_gives_empty_outputs() {
+        let g = relu_chain();
+        let out = g.run(vec![Tensor::zeros(DType::F32, &[0, 3])]).unwrap();
+        assert!(out.iter().all(|t| t.shape() == [0, 3]), "{out:?}");
     }
 
     #[test]

@@ -150,6 +150,23 @@ impl Conv2d {
                 Padding2d::default(),
             ),
         };
+        // A stride past the last window start computes the same single window
+        // as the smallest such stride; kernels size buffers by the stride
+        // (a stride of 10^12 would ask for terabytes), so they get the small one.
+        let fit = |stride: usize, padded: usize, kernel: usize, dilation: usize| {
+            let span = dilation.saturating_mul(kernel.saturating_sub(1)) + 1;
+            stride.min(padded.saturating_sub(span) + 1).max(1)
+        };
+        let (pad_h, pad_w) = (
+            in_h.saturating_add(padding.top)
+                .saturating_add(padding.bottom),
+            in_w.saturating_add(padding.left)
+                .saturating_add(padding.right),
+        );
+        let stride = (
+            fit(self.stride.0, pad_h, ws[2], self.dilation.0),
+            fit(self.stride.1, pad_w, ws[3], self.dilation.1),
+        );
         Conv2dParams {
             batch,
             in_channels: channels,
@@ -158,7 +175,7 @@ impl Conv2d {
             out_channels: ws[0],
             kernel_h: ws[2],
             kernel_w: ws[3],
-            stride: self.stride,
+            stride,
             padding,
             dilation: self.dilation,
             groups: self.groups,
