@@ -388,3 +388,25 @@ def test_sdist_carries_the_cpp_sources(tmp_path):
         "crates/ai3-kernels/src/custom/mod.rs",
     ]:
         assert path in names, path
+
+
+def test_extras_never_pin_an_old_torch():
+    """Installing an extra must not downgrade the user's torch: torch and torchvision
+    have lower bounds only, and .ci/check-torch-floor tests exactly those bounds."""
+    import re
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    floor_script = (REPO / ".ci" / "check-torch-floor").read_text()
+    floors = dict(re.findall(r"^(TORCH|TORCHVISION)_FLOOR=(\S+)$", floor_script, re.M))
+    groups = {"dependencies": project["dependencies"], **project["optional-dependencies"]}
+    for group, reqs in groups.items():
+        for req in reqs:
+            name = re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower()
+            if name not in ("torch", "torchvision"):
+                continue
+            spec = req[len(name) :].replace(" ", "")
+            assert re.fullmatch(r">=[0-9.]+", spec), (group, req)
+            assert spec[2:] == floors[name.upper()], (group, req, floors)
+    assert "torch>=" + floors["TORCH"] in project["optional-dependencies"]["test"]
+    assert "hypothesis>=6" in project["optional-dependencies"]["test"]
