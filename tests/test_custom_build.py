@@ -410,3 +410,32 @@ def test_extras_never_pin_an_old_torch():
             assert spec[2:] == floors[name.upper()], (group, req, floors)
     assert "torch>=" + floors["TORCH"] in project["optional-dependencies"]["test"]
     assert "hypothesis>=6" in project["optional-dependencies"]["test"]
+
+
+def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
+    """.ci/run makes and activates a venv, then runs the README's test command verbatim;
+    that command's `cargo test` leaves out the criterion benchmarks crate."""
+    import re
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Run the tests\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1).strip().splitlines()
+    assert block[0] == "python3 -m venv .venv && . .venv/bin/activate", block
+    command = block[-1]
+    assert "cargo test" in command and "python3 -m pytest" in command, command
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert command in ci, (command, ci)
+    made = next(i for i, line in enumerate(ci) if line.startswith("python3 -m venv "))
+    activated = next(
+        i for i, line in enumerate(ci) if re.fullmatch(r'\. "?\S+/bin/activate"?', line)
+    )
+    assert made < activated < ci.index(command)
+
+    workspace = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]
+    assert "benches" in workspace["members"]  # still buildable: cargo bench -p ai3-benches
+    assert "--workspace" not in command
+    assert "benches" not in workspace["default-members"]
+    assert sorted(workspace["default-members"]) == sorted(
+        m for m in workspace["members"] if m != "benches"
+    )
