@@ -1,7 +1,7 @@
 """Builds ai3 from source with user C++ (``AI3_CUSTOM_DIR``) and checks the result
 in a fresh virtual environment that has torch but no Rust toolchain on its PATH.
 
-These tests run ``maturin build --release``, so they take minutes; they share one
+The build tests run ``maturin build --release``, so they take minutes; they share one
 cargo target directory so only ai3's own crates are recompiled between builds.
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -19,10 +21,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_conv2d"
 
-pytestmark = pytest.mark.slow
-
-if shutil.which("cargo") is None:
-    pytest.skip("building ai3 from source needs cargo on PATH", allow_module_level=True)
+# Every test here but the venv check builds a wheel or an sdist: slow, and needs cargo.
+needs_cargo = pytest.mark.skipif(
+    shutil.which("cargo") is None, reason="building ai3 from source needs cargo on PATH"
+)
 
 
 def build_wheel(out: Path, custom_dir: Path | None, *extra: str) -> subprocess.CompletedProcess:
@@ -51,13 +53,46 @@ def no_rust_path(venv: Path) -> str:
     return path
 
 
-def fresh_venv(where: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
-    """A venv seeing the system's torch, with ``wheel`` installed; returns (python, env).
+def outer_site_dirs() -> list[str]:
+    """The site-packages directories of the running environment (venv or not), in order."""
+    paths = sysconfig.get_paths()
+    dirs = [paths["purelib"], paths["platlib"], *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    seen: list[str] = []
+    for d in dirs:
+        if d not in seen and Path(d).is_dir():
+            seen.append(d)
+    return seen
 
-    ``--force-reinstall`` because an ai3 installed in the system site-packages
-    (as CI does) would otherwise count as already satisfying the wheel."""
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(where)], check=True)
+
+def make_venv(where: Path) -> Path:
+    """A new venv whose Python also sees this environment's packages (torch); returns its python.
+
+    ``--system-site-packages`` is not enough: made from inside a venv it inherits the
+    *base* interpreter's site-packages, not the venv's, so torch would be missing. A
+    ``.pth`` file listing this environment's site-packages works whatever the outer
+    interpreter is; its entries come after the new venv's own site-packages, so a wheel
+    installed there shadows any ai3 installed outside."""
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
     python = where / "bin" / "python"
+    inner = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(inner) / "_ai3_outer_env.pth").write_text("\n".join(outer_site_dirs()) + "\n")
+    return python
+
+
+def fresh_venv(where: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
+    """A venv seeing this environment's torch, with ``wheel`` installed; returns (python, env).
+
+    The wheel is installed with ``--no-deps`` (torch comes from outside) and
+    ``--force-reinstall``, because an ai3 installed in the outer environment would
+    otherwise count as already satisfying the wheel. ``env`` has no Rust on its PATH."""
+    python = make_venv(where)
     subprocess.run(
         [
             str(python),
@@ -74,8 +109,35 @@ def fresh_venv(where: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CARGO", "RUST"))}
     env["PATH"] = no_rust_path(where)
-    env.pop("AI3_CUSTOM_DIR", None)
+    # PYTHONPATH would put a source checkout's ai3 ahead of the installed wheel.
+    for var in ("AI3_CUSTOM_DIR", "PYTHONPATH"):
+        env.pop(var, None)
     return python, env
+
+
+def test_fresh_venv_sees_this_environments_torch(tmp_path):
+    """The venv the wheel tests use imports the outer environment's torch (also when
+    the outer interpreter is itself a venv) and its own ai3 ahead of any outer one."""
+    import torch
+
+    python = make_venv(tmp_path / "venv")
+    inner = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # A stand-in for the installed wheel: it must win over the outer ai3.
+    (Path(inner) / "ai3").mkdir()
+    (Path(inner) / "ai3" / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = "import sys, torch, ai3; print(torch.__file__); print(ai3.__file__); print(sys.prefix)"
+    ran = run_in(python, env, code, tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    torch_file, ai3_file, prefix = ran.stdout.split()
+    assert Path(torch_file).resolve() == Path(torch.__file__).resolve()
+    assert Path(ai3_file).resolve() == (Path(inner) / "ai3" / "__init__.py").resolve()
+    assert Path(prefix).resolve() == (tmp_path / "venv").resolve()
 
 
 def run_in(python: Path, env: dict[str, str], code: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -187,6 +249,8 @@ print("custom checks passed")
 """
 
 
+@pytest.mark.slow
+@needs_cargo
 def test_custom_example_builds_and_matches_pytorch(tmp_path):
     custom = tmp_path / "my_impls"
     shutil.copytree(EXAMPLE, custom)
@@ -211,6 +275,8 @@ def test_custom_example_builds_and_matches_pytorch(tmp_path):
     assert " 0 failed" in suite.stdout, suite.stdout
 
 
+@pytest.mark.slow
+@needs_cargo
 def test_cpp_compile_error_reaches_the_user(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -232,6 +298,8 @@ def test_cpp_compile_error_reaches_the_user(tmp_path):
     assert not list(tmp_path.glob("dist/*.whl"))
 
 
+@pytest.mark.slow
+@needs_cargo
 def test_missing_custom_dir_is_a_clear_build_error(tmp_path):
     built = build_wheel(tmp_path / "dist", tmp_path / "does_not_exist")
     assert built.returncode != 0
@@ -268,6 +336,8 @@ print("smoke passed")
 """
 
 
+@pytest.mark.slow
+@needs_cargo
 @pytest.mark.skipif(
     not (sys.platform == "linux" and os.uname().machine == "x86_64"),
     reason="the manylinux2014 wheel is built and checked for x86-64 Linux",
@@ -290,6 +360,8 @@ def test_manylinux_wheel_installs_and_runs_without_rust(tmp_path):
     assert suite.returncode == 0, suite.stdout + suite.stderr
 
 
+@pytest.mark.slow
+@needs_cargo
 def test_sdist_carries_the_cpp_sources(tmp_path):
     import tarfile
 
@@ -316,3 +388,54 @@ def test_sdist_carries_the_cpp_sources(tmp_path):
         "crates/ai3-kernels/src/custom/mod.rs",
     ]:
         assert path in names, path
+
+
+def test_extras_never_pin_an_old_torch():
+    """Installing an extra must not downgrade the user's torch: torch and torchvision
+    have lower bounds only, and .ci/check-torch-floor tests exactly those bounds."""
+    import re
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    floor_script = (REPO / ".ci" / "check-torch-floor").read_text()
+    floors = dict(re.findall(r"^(TORCH|TORCHVISION)_FLOOR=(\S+)$", floor_script, re.M))
+    groups = {"dependencies": project["dependencies"], **project["optional-dependencies"]}
+    for group, reqs in groups.items():
+        for req in reqs:
+            name = re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower()
+            if name not in ("torch", "torchvision"):
+                continue
+            spec = req[len(name) :].replace(" ", "")
+            assert re.fullmatch(r">=[0-9.]+", spec), (group, req)
+            assert spec[2:] == floors[name.upper()], (group, req, floors)
+    assert "torch>=" + floors["TORCH"] in project["optional-dependencies"]["test"]
+    assert "hypothesis>=6" in project["optional-dependencies"]["test"]
+
+
+def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
+    """.ci/run makes and activates a venv, then runs the README's test command verbatim;
+    that command's `cargo test` leaves out the criterion benchmarks crate."""
+    import re
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Run the tests\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1).strip().splitlines()
+    assert block[0] == "python3 -m venv .venv && . .venv/bin/activate", block
+    command = block[-1]
+    assert "cargo test" in command and "python3 -m pytest" in command, command
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert command in ci, (command, ci)
+    made = next(i for i, line in enumerate(ci) if line.startswith("python3 -m venv "))
+    activated = next(
+        i for i, line in enumerate(ci) if re.fullmatch(r'\. "?\S+/bin/activate"?', line)
+    )
+    assert made < activated < ci.index(command)
+
+    workspace = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]
+    assert "benches" in workspace["members"]  # still buildable: cargo bench -p ai3-benches
+    assert "--workspace" not in command
+    assert "benches" not in workspace["default-members"]
+    assert sorted(workspace["default-members"]) == sorted(
+        m for m in workspace["members"] if m != "benches"
+    )
