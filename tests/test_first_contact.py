@@ -326,3 +326,25 @@ def test_binary_options_are_reported(fn):
 def test_binary_default_options_convert(fn):
     x = torch.randn(2, 3) * 10
     converted(Method(fn), x)
+
+
+@pytest.mark.parametrize("algo", CONV_ALGOS)
+@pytest.mark.parametrize("path", ["convert", "swap"])
+@pytest.mark.parametrize(
+    ("kernel", "stride", "out"),
+    [(5, 10**12, (1, 1)), (3, (10**12, 2), (1, 5)), (3, (2, 10**12), (4, 1))],
+    ids=["both", "rows", "columns"],
+)
+def test_huge_stride_gives_pytorchs_single_window(algo, path, kernel, stride, out):
+    """A stride of 10**12 once made a kernel ask for terabytes and abort the process."""
+    layer = nn.Conv2d(3, 4, kernel, stride=stride, padding=1)
+    x = torch.randn(2, 3, 8, 9)
+    expected = reference(layer, x)
+    assert expected.shape == (2, 4, *out)
+    if algo == "winograd":
+        algo = "default"  # winograd needs stride 1 as the user wrote it
+    if path == "convert":
+        got = ai3.convert(layer, {"conv2d": algo})(x)
+    else:
+        got = ai3.swap_conv2d(nn.Sequential(layer), algo)(x)
+    assert_close(got, expected)
