@@ -76,14 +76,19 @@ def make_venv(where: Path) -> Path:
     installed there shadows any ai3 installed outside."""
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
     python = where / "bin" / "python"
-    inner = subprocess.run(
+    (purelib(python) / "_ai3_outer_env.pth").write_text("\n".join(outer_site_dirs()) + "\n")
+    return python
+
+
+def purelib(python: Path) -> Path:
+    """The site-packages directory of the interpreter ``python``."""
+    out = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.strip()
-    (Path(inner) / "_ai3_outer_env.pth").write_text("\n".join(outer_site_dirs()) + "\n")
-    return python
+    )
+    return Path(out.stdout.strip())
 
 
 def fresh_venv(where: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
@@ -121,12 +126,7 @@ def test_fresh_venv_sees_this_environments_torch(tmp_path):
     import torch
 
     python = make_venv(tmp_path / "venv")
-    inner = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    inner = str(purelib(python))
     # A stand-in for the installed wheel: it must win over the outer ai3.
     (Path(inner) / "ai3").mkdir()
     (Path(inner) / "ai3" / "__init__.py").write_text("")

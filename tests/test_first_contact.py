@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DTYPE_IDS, DTYPES, assert_close, reference
+from test_graph_ops import Fn
 from torch import nn
 
 CONV_ALGOS = ["default", "direct", "smm", "gemm", "winograd", "fft"]
@@ -291,15 +292,6 @@ def test_custom_unavailable_message_carries_no_build_path():
 # ---- options a handler cannot honour are reported, never ignored ----------------------------
 
 
-class Method(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 @pytest.mark.parametrize(
     "fn",
     [
@@ -314,7 +306,7 @@ class Method(nn.Module):
 )
 def test_binary_options_are_reported(fn):
     with pytest.raises(ai3.UnsupportedOperationError) as info:
-        ai3.convert(Method(fn))
+        ai3.convert(Fn(fn))
     assert "rounding_mode" in str(info.value) or "alpha" in str(info.value)
 
 
@@ -325,7 +317,7 @@ def test_binary_options_are_reported(fn):
 )
 def test_binary_default_options_convert(fn):
     x = torch.randn(2, 3) * 10
-    converted(Method(fn), x)
+    converted(Fn(fn), x)
 
 
 @pytest.mark.parametrize("algo", CONV_ALGOS)

@@ -68,14 +68,34 @@ def input_shapes_of_modules(
     return shapes
 
 
+class Tracer(torch.fx.Tracer):
+    """``torch.fx`` tracer that keeps ai3's swapped modules as leaves: their
+    ``forward`` branches on the input, which fx cannot trace, and each stands
+    for one operation anyway."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        from .swap import is_swapped  # swap imports this module
+
+        return is_swapped(m) or super().is_leaf_module(m, module_qualified_name)
+
+
+def trace(module: nn.Module) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace(module)`` with swapped modules as leaves."""
+    tracer = Tracer()
+    graph = tracer.trace(module)
+    return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
 def forward_order(module: nn.Module, targets: Sequence[nn.Module]) -> list[nn.Module]:
     """``targets`` in the order the forward pass first calls them.
 
-    Uses fx tracing (no computation); modules fx cannot see keep their
-    registration order after the ones it can.
+    Uses fx tracing (no computation), with swapped modules as leaves; modules
+    fx cannot see keep their registration order after the ones it can.
     """
+    if not targets:
+        return []
     try:
-        gm = torch.fx.symbolic_trace(module)
+        gm = trace(module)
     except Exception:  # untraceable forward: registration order is the best we know
         return list(targets)
     order: list[nn.Module] = []

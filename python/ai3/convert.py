@@ -18,7 +18,7 @@ from torch import nn
 
 from . import _fusion, swap
 from ._lowering import ALGO, ALL_INPUTS, MODULES, In, Lowerer, Step
-from ._shapes import input_shapes_of_nodes
+from ._shapes import input_shapes_of_nodes, trace
 from .errors import DtypeError, UnsupportedOperationError
 from .model import Model
 from .selectors import AlgorithmicSelector, Selection, normalize_algos, op_name
@@ -40,22 +40,6 @@ def _resolve_dtype(module: nn.Module, dtype: Any) -> str:
             "pass dtype=torch.float32 or dtype=torch.float64"
         )
     return _DTYPES[dtype]
-
-
-class Tracer(torch.fx.Tracer):
-    """``torch.fx`` tracer that keeps ai3's swapped modules as leaves: their
-    ``forward`` branches on the input, which fx cannot trace, and each stands
-    for one operation anyway."""
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return swap.is_swapped(m) or super().is_leaf_module(m, module_qualified_name)
-
-
-def trace(module: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace(module)`` with swapped modules as leaves."""
-    tracer = Tracer()
-    graph = tracer.trace(module)
-    return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
 
 
 def _select(

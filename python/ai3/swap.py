@@ -32,7 +32,7 @@ from torch import nn
 
 from . import _core, _custom_ops
 from . import _layers as L
-from ._shapes import input_shapes_of_modules
+from ._shapes import forward_order, input_shapes_of_modules
 from .errors import DtypeError, ShapeError
 from .selectors import AlgorithmicSelector, Selection, op_name
 
@@ -273,27 +273,6 @@ def is_swapped(module: nn.Module) -> bool:
     return isinstance(module, _Swapped)
 
 
-def _forward_order(module: nn.Module, targets: list[nn.Module]) -> list[nn.Module]:
-    """``targets`` in the order the forward pass first calls them, tracing
-    swapped modules as leaves (their ``forward`` branches on the input, which
-    fx cannot trace); modules fx cannot see keep their registration order."""
-    from .convert import trace  # convert imports this module
-
-    if not targets:
-        return []
-    try:
-        gm = trace(module)
-    except Exception:  # untraceable forward: registration order is the best we know
-        return list(targets)
-    order: list[nn.Module] = []
-    for n in gm.graph.nodes:
-        if n.op == "call_module":
-            m = gm.get_submodule(n.target)
-            if any(m is t for t in targets) and not any(m is o for o in order):
-                order.append(m)
-    return order + [t for t in targets if not any(t is o for o in order)]
-
-
 def swap_operation(
     op_type: type[nn.Module] | str,
     module: nn.Module,
@@ -335,7 +314,7 @@ def swap_operation(
     for m in module.modules():
         if L.op_of_module(m) == op or (is_swapped(m) and m.op == op):
             targets.append(m)  # modules() yields each module once
-    ordered = _forward_order(module, targets)
+    ordered = forward_order(module, targets)
     shapes = (
         input_shapes_of_modules(module, sample_input_shape, ordered)
         if sample_input_shape is not None
