@@ -150,24 +150,7 @@ impl Conv2d {
                 Padding2d::default(),
             ),
         };
-        // A stride past the last window start computes the same single window
-        // as the smallest such stride; kernels size buffers by the stride
-        // (a stride of 10^12 would ask for terabytes), so they get the small one.
-        let fit = |stride: usize, padded: usize, kernel: usize, dilation: usize| {
-            let span = dilation.saturating_mul(kernel.saturating_sub(1)) + 1;
-            stride.min(padded.saturating_sub(span) + 1).max(1)
-        };
-        let (pad_h, pad_w) = (
-            in_h.saturating_add(padding.top)
-                .saturating_add(padding.bottom),
-            in_w.saturating_add(padding.left)
-                .saturating_add(padding.right),
-        );
-        let stride = (
-            fit(self.stride.0, pad_h, ws[2], self.dilation.0),
-            fit(self.stride.1, pad_w, ws[3], self.dilation.1),
-        );
-        Conv2dParams {
+        let mut p = Conv2dParams {
             batch,
             in_channels: channels,
             in_h,
@@ -175,37 +158,44 @@ impl Conv2d {
             out_channels: ws[0],
             kernel_h: ws[2],
             kernel_w: ws[3],
-            stride,
+            stride: self.stride,
             padding,
             dilation: self.dilation,
             groups: self.groups,
-        }
+        };
+        // A stride past the last window start computes the same single window
+        // as the smallest such stride; kernels size buffers by the stride
+        // (a stride of 10^12 would ask for terabytes), so they get the small one.
+        let fit = |stride: usize, padded: usize, span: usize| {
+            stride.min(padded.saturating_sub(span) + 1).max(1)
+        };
+        p.stride = (
+            fit(p.stride.0, p.padded_h(), p.effective_kernel_h()),
+            fit(p.stride.1, p.padded_w(), p.effective_kernel_w()),
+        );
+        p
     }
 
     /// Validates an input shape against the layer; returns the kernel parameters and batching.
     fn params_for(&self, shape: &[usize]) -> Result<(Conv2dParams, bool)> {
         let (n, c, h, w, batched) = image_dims(OP, shape)?;
-        if c != self.in_channels() && !batched {
-            // Often a batched input that lost a dimension ([N, C, W]): say how it was read.
+        let ic = self.in_channels();
+        if c != ic {
+            // A 3-D input is often a batched one that lost a dimension ([N, C, W]):
+            // say how it was read.
+            let read = if batched {
+                String::new()
+            } else {
+                format!(
+                    " (read as unbatched [C, H, W], it has {c} channel(s); give a 4-D [N, {ic}, H, W] (batched) or 3-D [{ic}, H, W] (unbatched) input)"
+                )
+            };
             return Err(Error::shape(
                 OP.name(),
                 format!(
-                    "expected a 4-D [N, {ic}, H, W] (batched) or 3-D [{ic}, H, W] (unbatched) input for weight of shape {} with groups={}, got input of shape {}: read as unbatched [C, H, W], it has {c} channel(s), not {ic}",
+                    "weight of shape {} with groups={} expects {ic} input channels, got input of shape {}{read}",
                     shape_str(self.weight.shape()),
                     self.groups,
-                    shape_str(shape),
-                    ic = self.in_channels(),
-                ),
-            ));
-        }
-        if c != self.in_channels() {
-            return Err(Error::shape(
-                OP.name(),
-                format!(
-                    "weight of shape {} with groups={} expects {} input channels, got input of shape {}",
-                    shape_str(self.weight.shape()),
-                    self.groups,
-                    self.in_channels(),
                     shape_str(shape)
                 ),
             ));
