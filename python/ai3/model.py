@@ -133,7 +133,7 @@ class Model:
         self._recipe = recipe
         self._core = _build(recipe)
         # The input shapes of the latest call, for repr and summary().
-        self._last_shapes: list[list[int]] | None = None
+        self._last_shapes: list[Any] | None = None
         self._warned_grad = False
 
     @property
@@ -141,11 +141,13 @@ class Model:
         """The dtype the model computes in; inputs must have it."""
         return getattr(torch, self._core.dtype)
 
-    def _prepare(self, inputs: Sequence[Any], stacklevel: int) -> list[Any]:
-        """Checks the inputs and detaches them; ``stacklevel`` is the user's frame as
-        seen from here (1 = this method), so the warning points at the user's line."""
-        prepared = []
+    def _prepare(self, inputs: Sequence[Any], stacklevel: int) -> tuple[list[Any], list[Any]]:
+        """Checks the inputs and detaches them; returns them with their shapes.
+        ``stacklevel`` is the user's frame as seen from here (1 = this method), so
+        the warning points at the user's line."""
+        prepared, shapes = [], []
         for x in inputs:
+            shapes.append(getattr(x, "shape", ()))
             if isinstance(x, torch.Tensor):
                 if x.device.type != "cpu":
                     raise DeviceError(
@@ -158,14 +160,14 @@ class Model:
                 # A tensor that requires grad cannot be exported; the model records no gradients.
                 x = x.detach()
             prepared.append(x)
-        return prepared
+        return prepared, shapes
 
     def _run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         threads.sync()
-        prepared = self._prepare(inputs, stacklevel=4)  # _prepare, _run, __call__ or predict, user
+        prepared, shapes = self._prepare(inputs, stacklevel=4)  # _prepare, _run, caller, user
         capsules = self._core.run(prepared)
         # Only after a successful run, so that repr never shows shapes the model rejected.
-        self._last_shapes = [list(getattr(x, "shape", ())) for x in prepared]
+        self._last_shapes = shapes
         return [torch.from_dlpack(c) for c in capsules]
 
     def __call__(self, *inputs: Any) -> Any:
@@ -174,10 +176,8 @@ class Model:
         outs = self._run(inputs)
         return outs[0] if self._recipe["single_output"] else tuple(outs)
 
-    def forward(self, *inputs: Any) -> Any:
-        """Same as calling the model."""
-        outs = self._run(inputs)
-        return outs[0] if self._recipe["single_output"] else tuple(outs)
+    #: Same as calling the model.
+    forward = __call__
 
     def predict(self, input: Any, out_type: type | None = None) -> Any:
         """Runs the network on ``input`` (a tuple or list of inputs for a network
@@ -198,7 +198,9 @@ class Model:
         shape = self._recipe.get("sample_input_shape")
         if shape is not None:
             return self._as_shape_list(shape)
-        return self._last_shapes
+        if self._last_shapes is None:
+            return None
+        return [list(s) for s in self._last_shapes]
 
     @staticmethod
     def _as_shape_list(shape: Any) -> list[list[int]]:
@@ -236,10 +238,10 @@ class Model:
         if repeat < 1:
             raise InvalidArgumentError(f"profile: repeat must be at least 1, got {repeat}")
         threads.sync()
-        prepared = self._prepare(inputs, stacklevel=3)
+        prepared, shapes = self._prepare(inputs, stacklevel=3)
         _, times = self._core.profile(prepared, repeat)
-        self._last_shapes = [list(x.shape) for x in prepared]
-        rows = self._core.summary(self._last_shapes)
+        self._last_shapes = shapes
+        rows = self._core.summary([list(s) for s in shapes])
         for row, t in zip(rows, times, strict=True):
             row["ms"] = t * 1e3
         return Summary(rows)
