@@ -8,15 +8,17 @@ PyTorch's OpenMP threads keep spinning for milliseconds after each of
 PyTorch's parallel regions. So that ai3 work run right after PyTorch work
 (swapped layers, a converted model called between PyTorch calls) does not
 share the cores with them, ai3 parks them (asleep on a condition variable)
-while it runs, through the ``GOMP_parallel`` entry point of the runtime
-PyTorch loaded. ``AI3_PARK_OPENMP=0`` turns this off.
+while it runs, through the ``GOMP_parallel`` entry point of the OpenMP
+runtime that ``libtorch_cpu`` links (found by the extension itself). Only
+runs started from the thread that imported ai3 park: OpenMP gives each
+calling thread a team of its own, and parking from every thread would start
+one more spinning team per thread. A forked child never parks and rebuilds
+ai3's pool on its first run. ``AI3_PARK_OPENMP=0`` turns parking off.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import re
 
 import torch
 
@@ -65,40 +67,13 @@ def sync() -> None:
         _core.set_num_threads(want)
 
 
-#: File names of OpenMP runtimes that export ``GOMP_parallel``: GNU's, LLVM's, Intel's.
-_OPENMP_RUNTIME = re.compile(r"^lib(gomp|omp|iomp5)([-.].*)?\.so(\..*)?$")
-
-
-def _loaded_libraries() -> list[str]:
-    """Paths of the shared libraries mapped into this process (Linux; else empty)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            fields = [line.split(None, 5) for line in maps]
-    except OSError:
-        return []
-    return sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
-
-
-def _torch_openmp_parallel() -> int | None:
-    """Address of ``GOMP_parallel`` in the OpenMP runtime that runs PyTorch's
-    CPU kernels, or None: another parallel backend, no such runtime loaded, or
-    ``AI3_PARK_OPENMP=0``."""
+def _parking_wanted() -> bool:
+    """Whether to park PyTorch's OpenMP threads: its CPU backend is OpenMP and
+    ``AI3_PARK_OPENMP`` is not ``0``."""
     if os.environ.get("AI3_PARK_OPENMP", "1").strip() == "0":
-        return None
-    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
-        return None
-    runtimes = [p for p in _loaded_libraries() if _OPENMP_RUNTIME.match(os.path.basename(p))]
-    torch_dir = os.path.dirname(torch.__file__)
-    # PyTorch's own copy first: other packages may have loaded other runtimes.
-    runtimes.sort(key=lambda p: not p.startswith(torch_dir))
-    for path in runtimes:
-        try:
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-            return ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
-        except (OSError, AttributeError):
-            continue
-    return None
+        return False
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info()
 
 
 _pinned = _from_env()
-_core._set_openmp_parallel(_torch_openmp_parallel())
+_core._park_openmp(_parking_wanted())

@@ -4,27 +4,47 @@
 //! `gemm` crate) uses its threads. The Python package sizes it from
 //! `AI3_NUM_THREADS` or, by default, follows `torch.get_num_threads()`.
 //!
+//! ## After `fork`
+//!
+//! A forked child has only the thread that called `fork`; the pool's threads
+//! stayed in the parent, and a pool without its threads never finishes any
+//! work. A `pthread_atfork` handler therefore forgets the pool in the child
+//! (there is no thread to join or signal) and turns parking off; the child's
+//! next run builds a fresh pool of the same size. The handler also holds the
+//! pool's lock across `fork`, so no child starts with it held by a thread it
+//! does not have.
+//!
 //! ## Sharing the cores with PyTorch's OpenMP threads
 //!
 //! After each of its parallel regions, GNU OpenMP (PyTorch's CPU runtime)
 //! keeps its worker threads spinning for milliseconds, waiting for the next
 //! region. ai3 layers that run right after PyTorch work (every swapped layer,
 //! and converted models called between PyTorch calls) would share the cores
-//! with those spinning threads and run up to twice as slowly. So when the
-//! front end registers the runtime's `GOMP_parallel` entry point
-//! ([`set_openmp_parallel`]), [`install_parking_openmp`] runs the work from
-//! inside one OpenMP parallel region: one of its threads runs the work in
-//! ai3's pool, the others block on a condition variable until it is done,
-//! asleep instead of spinning.
+//! with those spinning threads and run up to twice as slowly. So
+//! [`park_openmp`] looks up `GOMP_parallel` in the OpenMP runtime that
+//! `libtorch_cpu` itself links (found among the loaded objects, opened with
+//! `RTLD_NOLOAD`, never loaded by ai3), and [`install_parking_openmp`] then runs
+//! the work from inside one OpenMP parallel region: one of its threads runs
+//! the work in ai3's pool, the others block on a condition variable until it
+//! is done, asleep instead of spinning.
+//!
+//! Only the thread that turned parking on parks. OpenMP gives every thread
+//! that opens a parallel region a team of its own, so parking from every
+//! calling thread would start one more team per thread, all spinning after
+//! their region. Other threads run without parking, and a forked child never
+//! parks: its runtime's teams stayed in the parent.
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
 
 static POOL: RwLock<Option<Arc<rayon::ThreadPool>>> = RwLock::new(None);
+/// The thread count last asked for (0: never), kept so that a forked child
+/// rebuilds a pool of the same size.
+static WANTED: AtomicUsize = AtomicUsize::new(0);
 
 /// Uses `n` threads from now on (a new pool; calls already running keep theirs).
 pub fn set_num_threads(n: usize) -> Result<()> {
@@ -34,28 +54,49 @@ pub fn set_num_threads(n: usize) -> Result<()> {
             "the number of threads must be positive",
         ));
     }
-    if num_threads() == n && current().is_some() {
+    fork::watch();
+    if WANTED.load(Ordering::Acquire) == n && configured().is_some() {
         return Ok(());
     }
+    WANTED.store(n, Ordering::Release);
+    build(n).map(|_| ())
+}
+
+/// Starts a pool of `n` threads and makes it the configured one.
+fn build(n: usize) -> Result<Arc<rayon::ThreadPool>> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("ai3-{i}"))
         .build()
         .map_err(|e| Error::internal("threads", format!("cannot start {n} threads: {e}")))?;
-    *POOL.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(pool));
-    Ok(())
+    let pool = Arc::new(pool);
+    *POOL.write().unwrap_or_else(|p| p.into_inner()) = Some(pool.clone());
+    Ok(pool)
 }
 
-fn current() -> Option<Arc<rayon::ThreadPool>> {
+fn configured() -> Option<Arc<rayon::ThreadPool>> {
     POOL.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
-/// Threads kernels use: the configured pool's, or rayon's global default.
-pub fn num_threads() -> usize {
-    current().map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+/// The pool runs use: the configured one, built now if no count was set yet
+/// (with one thread per core) or if a fork left this process without it.
+/// `None` only if no thread can be started.
+///
+/// rayon's global pool is never used: after a fork it would wait forever on
+/// threads that stayed in the parent.
+fn current() -> Option<Arc<rayon::ThreadPool>> {
+    configured().or_else(|| build(num_threads()).ok())
 }
 
-/// Runs `f` inside the configured pool (or rayon's global pool if none is set).
+/// Threads kernels use: the configured count, else one per core.
+pub fn num_threads() -> usize {
+    match WANTED.load(Ordering::Acquire) {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
+
+/// Runs `f` inside ai3's pool.
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     match current() {
         Some(pool) => pool.install(f),
@@ -67,25 +108,161 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// `fn(data)` on every thread of a new team (`num_threads` 0: the default
 /// count) and returns when all have finished. LLVM's and Intel's OpenMP
 /// runtimes export it too.
-pub type OpenMpParallel = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, u32, u32);
+type OpenMpParallel = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, u32, u32);
 
+/// `GOMP_parallel` of PyTorch's runtime while parking is on, else 0.
 static OPENMP_PARALLEL: AtomicUsize = AtomicUsize::new(0);
+/// Set in a forked child: parking stays off there.
+static FORKED: AtomicBool = AtomicBool::new(false);
+/// Identifies the thread that parks (see [`this_thread`]); 0 for none.
+static PARKING_THREAD: AtomicUsize = AtomicUsize::new(0);
 
-/// Registers the `GOMP_parallel` whose idle threads [`install_parking_openmp`]
-/// parks, or with `None` stops parking.
-///
-/// # Safety
-/// `parallel` must stay callable for as long as the process runs (a function
-/// of a loaded OpenMP runtime, which is never unloaded) and behave as
-/// `GOMP_parallel` does: call its first argument with its second on each
-/// thread of a team, then return.
-pub unsafe fn set_openmp_parallel(parallel: Option<OpenMpParallel>) {
-    OPENMP_PARALLEL.store(parallel.map_or(0, |f| f as usize), Ordering::Release);
+thread_local! {
+    static THREAD_MARK: u8 = const { 0 };
 }
 
-/// Whether an OpenMP runtime is registered for parking.
+/// A number unique to the calling thread among the live threads (the address
+/// of one of its thread-locals).
+fn this_thread() -> usize {
+    THREAD_MARK.with(|m| m as *const u8 as usize)
+}
+
+/// Turns parking on, for runs started from the calling thread, or off.
+/// Returns whether it is on: it stays off when `libtorch_cpu` is not loaded,
+/// links no OpenMP runtime, or this process is a forked child.
+pub fn park_openmp(on: bool) -> bool {
+    fork::watch();
+    let parallel = match on && !FORKED.load(Ordering::Acquire) {
+        true => openmp::torch_gomp_parallel(),
+        false => None,
+    };
+    PARKING_THREAD.store(this_thread(), Ordering::Release);
+    OPENMP_PARALLEL.store(parallel.map_or(0, |f| f as usize), Ordering::Release);
+    parallel.is_some()
+}
+
+/// Whether parking is on (for the thread that turned it on).
 pub fn parks_openmp() -> bool {
     OPENMP_PARALLEL.load(Ordering::Acquire) != 0
+}
+
+/// Finds `GOMP_parallel` in the OpenMP runtime PyTorch's CPU library links.
+#[cfg(target_os = "linux")]
+mod openmp {
+    use std::ffi::{c_int, c_void, CStr, CString};
+
+    use super::OpenMpParallel;
+
+    /// The path of the loaded object whose file name starts with `prefix`.
+    fn loaded_object(prefix: &[u8]) -> Option<CString> {
+        struct Search<'a> {
+            prefix: &'a [u8],
+            found: Option<CString>,
+        }
+        unsafe extern "C" fn visit(
+            info: *mut libc::dl_phdr_info,
+            _size: usize,
+            data: *mut c_void,
+        ) -> c_int {
+            // SAFETY: `dl_iterate_phdr` passes a valid entry and our `data`,
+            // the `Search` below, which outlives the iteration.
+            let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
+            if info.dlpi_name.is_null() {
+                return 0;
+            }
+            // SAFETY: a non-null `dlpi_name` is a NUL-terminated path.
+            let path = unsafe { CStr::from_ptr(info.dlpi_name) };
+            let name = path.to_bytes().rsplit(|&b| b == b'/').next().unwrap_or(&[]);
+            if name.starts_with(search.prefix) {
+                search.found = Some(path.to_owned());
+                return 1;
+            }
+            0
+        }
+        let mut search = Search {
+            prefix,
+            found: None,
+        };
+        // SAFETY: `visit` matches the callback type and only reads what it is given.
+        unsafe { libc::dl_iterate_phdr(Some(visit), &mut search as *mut Search as *mut c_void) };
+        search.found
+    }
+
+    pub(super) fn torch_gomp_parallel() -> Option<OpenMpParallel> {
+        let path = loaded_object(b"libtorch_cpu.")?;
+        // SAFETY: RTLD_NOLOAD only returns a handle on a library already
+        // loaded (it runs no initialiser). The handle is never closed, so the
+        // library, and the runtime it links, stay loaded for good.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        if handle.is_null() {
+            return None;
+        }
+        // dlsym on a handle searches the library, then its dependencies: the
+        // symbol found is the one libtorch_cpu's own calls reach.
+        // SAFETY: a valid handle and a NUL-terminated name.
+        let symbol = unsafe { libc::dlsym(handle, c"GOMP_parallel".as_ptr()) };
+        // SAFETY: `GOMP_parallel` has this signature in every runtime that exports it.
+        (!symbol.is_null())
+            .then(|| unsafe { std::mem::transmute::<*mut c_void, OpenMpParallel>(symbol) })
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod openmp {
+    pub(super) fn torch_gomp_parallel() -> Option<super::OpenMpParallel> {
+        None
+    }
+}
+
+/// The `pthread_atfork` handlers (see the module documentation).
+#[cfg(unix)]
+mod fork {
+    use std::cell::RefCell;
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Once, RwLockWriteGuard};
+
+    use super::{FORKED, OPENMP_PARALLEL, POOL};
+
+    type Held = RwLockWriteGuard<'static, Option<Arc<rayon::ThreadPool>>>;
+
+    thread_local! {
+        /// The pool's lock, held by the forking thread from `prepare` to `parent` or `child`.
+        static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    }
+
+    extern "C" fn prepare() {
+        let guard = POOL.write().unwrap_or_else(|p| p.into_inner());
+        let _ = HELD.try_with(|h| *h.borrow_mut() = Some(guard));
+    }
+
+    extern "C" fn parent() {
+        let _ = HELD.try_with(|h| drop(h.borrow_mut().take()));
+    }
+
+    extern "C" fn child() {
+        FORKED.store(true, Ordering::Release);
+        OPENMP_PARALLEL.store(0, Ordering::Release);
+        let _ = HELD.try_with(|h| {
+            if let Some(mut pool) = h.borrow_mut().take() {
+                // Its threads are not in this process: nothing to signal or join.
+                std::mem::forget(pool.take());
+            }
+        });
+    }
+
+    /// Registers the handlers, once per process.
+    pub(super) fn watch() {
+        static ONCE: Once = Once::new();
+        // SAFETY: the handlers are plain functions that live for the whole process.
+        ONCE.call_once(|| unsafe {
+            libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
+        });
+    }
+}
+
+#[cfg(not(unix))]
+mod fork {
+    pub(super) fn watch() {}
 }
 
 /// One [`install_parking_openmp`] call, shared by the threads of its OpenMP team.
@@ -121,16 +298,16 @@ extern "C" fn park_thread<F: FnOnce() -> R + Send, R: Send>(data: *mut c_void) {
     }
 }
 
-/// Like [`install`], but with the idle threads of the registered OpenMP
-/// runtime asleep meanwhile (see the module documentation); the same as
-/// [`install`] when none is registered.
+/// Like [`install`], but with the idle threads of PyTorch's OpenMP runtime
+/// asleep meanwhile (see the module documentation); the same as [`install`]
+/// when parking is off or the calling thread is not the one that turned it on.
 pub fn install_parking_openmp<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let address = OPENMP_PARALLEL.load(Ordering::Acquire);
-    if address == 0 {
+    if address == 0 || PARKING_THREAD.load(Ordering::Acquire) != this_thread() {
         return install(f);
     }
-    // SAFETY: only `set_openmp_parallel` stores non-zero values, and they are
-    // `OpenMpParallel` functions that stay callable (its contract).
+    // SAFETY: only `park_openmp` stores non-zero values: `GOMP_parallel` of a
+    // runtime that stays loaded.
     let parallel: OpenMpParallel = unsafe { std::mem::transmute::<usize, OpenMpParallel>(address) };
     run_parking(parallel, f)
 }
@@ -203,6 +380,42 @@ mod tests {
         let caught = catch_unwind(|| run_parking(team_of_three, || panic!("boom")));
         let payload = caught.expect_err("the panic must come through");
         assert_eq!(payload.downcast_ref::<&str>(), Some(&"boom"));
+    }
+
+    static TEAMS: AtomicUsize = AtomicUsize::new(0);
+
+    /// `team_of_three` that counts the teams it starts.
+    unsafe extern "C" fn counted_team(
+        f: extern "C" fn(*mut c_void),
+        data: *mut c_void,
+        n: u32,
+        x: u32,
+    ) {
+        TEAMS.fetch_add(1, Ordering::SeqCst);
+        unsafe { team_of_three(f, data, n, x) }
+    }
+
+    #[test]
+    fn only_the_thread_that_turned_parking_on_parks() {
+        // No libtorch_cpu in a test binary: nothing to park.
+        assert!(!park_openmp(true));
+        assert!(!parks_openmp());
+        assert_eq!(install_parking_openmp(|| 4), 4);
+        // As if PyTorch's runtime had been found from this thread.
+        PARKING_THREAD.store(this_thread(), Ordering::Release);
+        OPENMP_PARALLEL.store(counted_team as OpenMpParallel as usize, Ordering::Release);
+        assert_eq!(install_parking_openmp(|| 1), 1);
+        assert_eq!(TEAMS.load(Ordering::SeqCst), 1);
+        let other = std::thread::spawn(|| install_parking_openmp(|| 2)).join();
+        assert_eq!(other.unwrap(), 2);
+        assert_eq!(
+            TEAMS.load(Ordering::SeqCst),
+            1,
+            "another thread started a team"
+        );
+        assert!(!park_openmp(false));
+        assert_eq!(install_parking_openmp(|| 3), 3);
+        assert_eq!(TEAMS.load(Ordering::SeqCst), 1);
     }
 
     #[test]

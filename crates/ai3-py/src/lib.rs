@@ -76,22 +76,11 @@ fn get_num_threads() -> usize {
     ai3_core::threads::num_threads()
 }
 
-/// Registers the address of `GOMP_parallel` in the OpenMP runtime PyTorch
-/// uses, so runs park its idle threads instead of sharing cores with their
-/// spinning (`ai3_core::threads`); `None` stops parking.
-///
-/// The Python package passes only the address it resolved with `ctypes` in
-/// a runtime already loaded (and never unloaded); any other value is undefined
-/// behaviour, hence the leading underscore.
+/// Turns parking of PyTorch's idle OpenMP threads on (for runs started from
+/// the calling thread) or off (`ai3_core::threads`); returns whether it is on.
 #[pyfunction]
-#[pyo3(signature = (address))]
-fn _set_openmp_parallel(address: Option<usize>) {
-    let parallel = address.filter(|&a| a != 0).map(|a| {
-        // SAFETY: the caller passes `GOMP_parallel`'s address (see above).
-        unsafe { std::mem::transmute::<usize, ai3_core::threads::OpenMpParallel>(a) }
-    });
-    // SAFETY: as above; loaded OpenMP runtimes stay loaded.
-    unsafe { ai3_core::threads::set_openmp_parallel(parallel) };
+fn _park_openmp(on: bool) -> bool {
+    ai3_core::threads::park_openmp(on)
 }
 
 /// Whether runs park the idle threads of PyTorch's OpenMP runtime.
@@ -127,7 +116,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dlpack_roundtrip, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
-    m.add_function(wrap_pyfunction!(_set_openmp_parallel, m)?)?;
+    m.add_function(wrap_pyfunction!(_park_openmp, m)?)?;
     m.add_function(wrap_pyfunction!(_parks_openmp, m)?)?;
     Ok(())
 }
