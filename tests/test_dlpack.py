@@ -101,7 +101,7 @@ def test_model_output_does_not_alias_input_for_elementwise_ops():
 
 
 def test_identity_model_returns_input_values():
-    model = ai3.convert(nn.Sequential(nn.Dropout(), nn.Identity()))
+    model = ai3.convert(nn.Sequential(nn.Dropout(), nn.Identity()).eval())
     x = torch.randn(2, 3)
     assert torch.equal(model(x), x)
 

@@ -1,6 +1,7 @@
 """Swapped modules behave like PyTorch's: re-swapping applies the new choice
 (``'torch'`` gives back the plain module), they expose the hyperparameters and
-repr of the module they replaced, and ``convert`` accepts networks holding them."""
+repr of the module they replaced, ``convert`` accepts networks holding them,
+and an in-place ReLU still changes its input."""
 
 from __future__ import annotations
 
@@ -372,3 +373,51 @@ def test_swap_returns_the_module_or_its_replacement():
     assert type(c) is nn.Conv2d and c.weight is conv.weight
     assert_close(b(x), expected)
     assert "return" in ai3.swap_operation.__doc__.lower()
+
+
+# ---- 5. in-place ReLU ---------------------------------------------------------------------
+
+
+class ReadsAgain(nn.Module):
+    """Reads the input of an in-place ReLU again: PyTorch sees the ReLU's result there."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.conv(x)
+        y = self.relu(h)
+        return h + y
+
+
+def _forward_backward(net: nn.Module, x: torch.Tensor):
+    x = x.clone().requires_grad_(True)
+    out = net(x)
+    out.sum().backward()
+    return out.detach(), x.grad, net.conv.weight.grad
+
+
+def test_swapped_in_place_relu_changes_its_input():
+    torch.manual_seed(0)
+    net = ReadsAgain().double()
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    expected = _forward_backward(net, x)
+    net.zero_grad(set_to_none=True)
+    ai3.swap_relu(net)
+    for got, want in zip(_forward_backward(net, x), expected, strict=True):
+        assert_close(got, want)
+    with torch.inference_mode():
+        assert_close(net(x), expected[0])
+
+
+def test_swapped_in_place_relu_compiles():
+    torch._dynamo.reset()
+    net = ReadsAgain()
+    x = torch.randn(2, 3, 5, 5)
+    expected = reference(net, x)
+    ai3.swap_relu(net)
+    compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert_close(compiled(x), expected)

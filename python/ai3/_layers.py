@@ -4,6 +4,7 @@ and ``swap_operation`` so the two never disagree on semantics."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,16 +38,17 @@ def op_of_module(module: nn.Module) -> str | None:
     return None
 
 
-def pair(v: int | Sequence[int]) -> tuple[int, int]:
-    """``3`` -> ``(3, 3)``; ``(2, 3)`` -> ``(2, 3)``."""
-    if isinstance(v, int):
-        return (v, v)
-    t = tuple(int(x) for x in v)
-    if len(t) == 1:
-        return (t[0], t[0])
-    if len(t) != 2:
-        raise InvalidArgumentError(f"expected an int or a pair, got {v!r}")
-    return t  # type: ignore[return-value]
+def pair(v: int | Sequence[int], what: str = "value") -> tuple[int, int]:
+    """``3`` -> ``(3, 3)``; ``(2, 3)`` -> ``(2, 3)``. Anything else (a float, a
+    triple) is an :class:`~ai3.InvalidArgumentError`, never rounded or cut."""
+    items = list(v) if isinstance(v, Sequence) and not isinstance(v, str) else [v]
+    try:
+        t = tuple(operator.index(x) for x in items if not isinstance(x, bool | str))
+    except TypeError:
+        t = ()
+    if len(t) != len(items) or len(t) not in (1, 2):
+        raise InvalidArgumentError(f"{what} must be an int or a pair of ints, got {v!r}")
+    return (t[0], t[-1])
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def conv_spec(
 
     ``weight`` is only read for ``'same'`` padding (its kernel size); it may be
     None otherwise (a weight known only at run time)."""
-    stride, dilation = pair(stride), pair(dilation)
+    stride, dilation = pair(stride, "conv2d: stride"), pair(dilation, "conv2d: dilation")
     if isinstance(padding, str):
         if padding == "valid":
             pad = (0, 0, 0, 0)
@@ -90,7 +92,7 @@ def conv_spec(
                 f"conv2d: padding must be 'same', 'valid', an int or a pair, got {padding!r}"
             )
     else:
-        ph, pw = pair(padding)
+        ph, pw = pair(padding, "conv2d: padding")
         if ph < 0 or pw < 0:
             raise InvalidArgumentError(f"conv2d: padding must be non-negative, got {padding!r}")
         pad = (ph, ph, pw, pw)
@@ -115,9 +117,11 @@ class PoolSpec:
 
 def pool_spec(kernel, stride, padding, dilation, ceil_mode) -> PoolSpec:
     """Normalizes PyTorch's pooling arguments (``stride=None`` means the kernel size)."""
-    k = pair(kernel)
-    s = k if stride is None or (isinstance(stride, Sequence) and len(stride) == 0) else pair(stride)
-    return PoolSpec(k, s, pair(padding), pair(dilation), bool(ceil_mode))
+    k = pair(kernel, "pooling: kernel_size")
+    empty = stride is None or (isinstance(stride, Sequence) and len(stride) == 0)
+    s = k if empty else pair(stride, "pooling: stride")
+    pad, dil = pair(padding, "pooling: padding"), pair(dilation, "pooling: dilation")
+    return PoolSpec(k, s, pad, dil, bool(ceil_mode))
 
 
 def maxpool_spec_of(m: nn.MaxPool2d) -> PoolSpec:

@@ -156,8 +156,20 @@ def convert(
     The model is for inference: Dropout and Identity are dropped, BatchNorm
     uses its running statistics and is folded into the convolution before it,
     and activations are fused into the convolution or linear layer feeding
-    them. Operations ai3 cannot run raise one
-    :class:`ai3.UnsupportedOperationError` listing all of them.
+    them. Call ``module.eval()`` first: Dropout and BatchNorm in training
+    mode (random, and batch statistics) are unsupported. Operations ai3
+    cannot run raise one :class:`ai3.UnsupportedOperationError` listing all
+    of them, and so does any argument ai3 does not implement (``dtype=``,
+    ``out=``, ``rounding_mode=``, ...): none is ignored.
+
+    In-place operations (``nn.ReLU(inplace=True)``, ``x.relu_()``) are
+    computed out of place, and every later reader of the changed tensor
+    reads the new value, as in PyTorch. ai3 never writes into the tensors
+    given to the model: an in-place operation on an input of ``forward``
+    leaves the caller's tensor unchanged (the outputs are still PyTorch's).
+    A view or alias of the changed memory (``x.view(...)``, ``chunk``,
+    ``contiguous``) read after the change, and an in-place change of a
+    module's tensor, are unsupported.
 
     Modules swapped by :func:`ai3.swap_operation` are converted as the
     operation they stand for and keep their algorithm, unless ``algos`` names
@@ -170,6 +182,9 @@ def convert(
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
+    if module._forward_hooks or module._forward_pre_hooks:
+        # fx traces the module's forward, not its __call__, so its hooks would be lost.
+        raise UnsupportedOperationError([(type(module).__name__, "forward hooks")])
     dtype_name = _resolve_dtype(module, dtype)
     selectors = normalize_algos(algos)
     named = frozenset(op_name(k) for k in algos) if algos else frozenset()

@@ -25,7 +25,12 @@ _GRAD_WARNING = (
 def _build(recipe: dict[str, Any]) -> _core.Model:
     core = _core.Model(recipe["dtype"], recipe["num_inputs"], copy_weights=False)
     for method, args, kwargs in recipe["nodes"]:
-        getattr(core, method)(*args, **kwargs)
+        try:
+            getattr(core, method)(*args, **kwargs)
+        except OverflowError as e:  # a negative size or count, which Rust takes unsigned
+            raise InvalidArgumentError(
+                f"{method} at node '{args[0]}': an argument is negative or too large ({e})"
+            ) from e
     core.set_outputs(recipe["outputs"])
     return core
 

@@ -175,13 +175,15 @@ class Linear(_Swapped):
 
 
 class ReLU(_Swapped):
-    """Stands in for ``nn.ReLU``."""
+    """Stands in for ``nn.ReLU``; with ``inplace=True`` it writes the result into
+    its input and returns it, as PyTorch's does (later readers see the change)."""
 
     op = "relu"
     torch_type = nn.ReLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _custom_ops.call("relu", x, self.algorithm)
+        y = _custom_ops.call("relu", x, self.algorithm)
+        return x.copy_(y) if self.inplace else y
 
 
 class MaxPool2d(_Swapped):
