@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "python")]
 
 import fuzz_cases  # noqa: E402
+import fuzz_known  # noqa: E402
 from fuzz_check import ACCEPTABLE, conv_algorithms  # noqa: E402
 from fuzz_worker import MEMORY_LIMIT, Worker  # noqa: E402
 
@@ -177,6 +178,12 @@ def report(results: list[tuple[dict, dict]], elapsed: float, args: argparse.Name
         print("failure classes:")
         for key, count in classes.most_common():
             print(f"  {count:>6}  {key}")
+        names = {id(b): n for n, b in fuzz_known.KNOWN_BUGS.items()}
+        known = Counter(names.get(id(fuzz_known.explain(c, v)), "NEW (not in tests/fuzz_known.py)")
+                        for c, v in failures)  # fmt: skip
+        print("by the bugs listed in tests/fuzz_known.py:")
+        for name, count in known.most_common():
+            print(f"  {count:>6}  {name}")
     if failures and args.out:
         Path(args.out).write_text(
             json.dumps([{"case": c, "verdict": v} for c, v in failures], indent=1)
