@@ -411,6 +411,17 @@ def documented_unsupported(case: dict) -> str | None:
             or _pair(case["dilation"]) != (1, 1)
         ):
             return "winograd runs 3x3 kernels with stride 1 and dilation 1"
+    if case["kind"] == "conv2d" and case["in_c"] == 0:
+        # PyTorch returns a tensor with no channels, not one of out_channels
+        # (bias alone); ai3 refuses rather than copy that (README, "Differences").
+        return "conv2d with no input channels is refused"
+    if case["kind"] == "conv2d" and case["padding_mode"] != "zeros":
+        pads = case["padding"]
+        if not isinstance(pads, str) and min(_pair(pads)) < 0:
+            # PyTorch crops the input there (F.pad with negative sizes).
+            return "negative padding (cropping) is refused"
+    if case["kind"] == "avgpool2d" and (case.get("divisor_override") or 1) < 0:
+        return "a negative divisor_override is refused (PyTorch divides by it)"
     if case["kind"] == "binary":
         opts = case["options"]
         if opts.get("alpha", 1) != 1 or opts.get("rounding_mode") is not None:
@@ -598,7 +609,13 @@ def _verdict(case: dict) -> dict:
         if not isinstance(ai3_error, ai3.Error):
             return {"verdict": "non_ai3_exception", **out}
         reason = documented_unsupported(case)
-        if reason and isinstance(ai3_error, (ai3.AlgorithmError, ai3.UnsupportedOperationError)):
+        refusals = (
+            ai3.AlgorithmError,
+            ai3.UnsupportedOperationError,
+            ai3.ShapeError,
+            ai3.InvalidArgumentError,
+        )
+        if reason and isinstance(ai3_error, refusals):
             return {"verdict": "unsupported", "reason": reason, **out}
         if empty_input and isinstance(ai3_error, ai3.InvalidArgumentError):
             twin_error = _torch_error_on_nonempty_twin(case)

@@ -88,15 +88,6 @@ def _pool_window(c: dict) -> int:
 
 
 KNOWN_BUGS: dict[str, KnownBug] = {
-    "negative_hyperparameters": KnownBug(
-        "a negative stride, dilation, kernel or pool padding raises Python's OverflowError "
-        "(PyO3 converting to an unsigned int) instead of ai3.InvalidArgumentError",
-        conv(stride=-1),
-        lambda c, v: (
-            v["verdict"] == "non_ai3_exception"
-            and _err(v).startswith("OverflowError: can't convert negative int to unsigned")
-        ),
-    ),
     "huge_padding_aborts": KnownBug(
         "conv2d with padding 10**6 aborts the process ('memory allocation of ... bytes "
         "failed' in Tensor::zeros / the padded copy) instead of raising an ai3.Error; with "
@@ -141,13 +132,6 @@ KNOWN_BUGS: dict[str, KnownBug] = {
             and "linear: weight of shape" in _err(v)
             and "has no elements" in _err(v)
         ),
-    ),
-    "conv_zero_in_channels": KnownBug(
-        "conv2d with 0 input channels raises ShapeError ('weight ... has no elements'); "
-        "PyTorch returns an empty (N, 0, H', W') tensor (itself doubtful: the bias alone "
-        "would have out_channels channels); decide which to follow",
-        conv(in_c=0, out_c=2),
-        lambda c, v: c["kind"] == "conv2d" and c["in_c"] == 0 and "has no elements" in _err(v),
     ),
     "adaptive_zero_output_size": KnownBug(
         "adaptive pools with output_size 0 (in either dim) raise InvalidArgumentError; "
@@ -223,17 +207,6 @@ KNOWN_BUGS: dict[str, KnownBug] = {
             c["kind"] == "conv2d"
             and v["verdict"] == "ai3_only_raises"
             and "empty spatial plane" in _err(v)
-        ),
-    ),
-    "negative_padding_crops": KnownBug(
-        "conv2d with a negative padding and padding_mode reflect/replicate/circular raises "
-        "InvalidArgumentError; PyTorch crops the input (F.pad with negative sizes) and "
-        "computes",
-        conv(in_c=4, out_c=4, hw=[4, 4], kernel=1, padding=-1, padding_mode="reflect"),
-        lambda c, v: (
-            c["kind"] == "conv2d"
-            and v["verdict"] == "ai3_only_raises"
-            and "padding must be non-negative" in _err(v)
         ),
     ),
 }

@@ -340,3 +340,29 @@ def test_huge_stride_gives_pytorchs_single_window(algo, path, kernel, stride, ou
     else:
         got = ai3.swap_conv2d(nn.Sequential(layer), algo)(x)
     assert_close(got, expected)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: nn.Conv2d(1, 1, 3, stride=-1),
+        lambda: nn.Conv2d(1, 1, 3, dilation=(1, -2)),
+        lambda: nn.Conv2d(1, 1, 3, padding=-1),
+        lambda: nn.MaxPool2d(3, stride=-1),
+        lambda: nn.MaxPool2d(-2),
+        lambda: nn.AvgPool2d(2, padding=-1),
+    ],
+    ids=["conv-stride", "conv-dilation", "conv-padding", "max-stride", "max-kernel", "avg-pad"],
+)
+@pytest.mark.parametrize("how", ["convert", "swap"])
+def test_negative_hyperparameters_are_invalid_arguments(make, how):
+    """A negative stride, dilation, kernel or padding once reached the extension
+    as an unsigned int and raised Python's OverflowError; PyTorch raises too."""
+    m, x = make(), torch.randn(1, 1, 6, 6)
+    with pytest.raises(RuntimeError):
+        m(x)
+    with pytest.raises(ai3.InvalidArgumentError, match="must be non-negative"):
+        if how == "convert":
+            ai3.convert(m)(x)
+        else:
+            ai3.swap_operation(type(m).__name__.lower(), m)(x)

@@ -40,7 +40,8 @@ def op_of_module(module: nn.Module) -> str | None:
 
 def pair(v: int | Sequence[int], what: str = "value") -> tuple[int, int]:
     """``3`` -> ``(3, 3)``; ``(2, 3)`` -> ``(2, 3)``. Anything else (a float, a
-    triple) is an :class:`~ai3.InvalidArgumentError`, never rounded or cut."""
+    triple, a negative value) is an :class:`~ai3.InvalidArgumentError`, never
+    rounded, cut or wrapped around."""
     items = list(v) if isinstance(v, Sequence) and not isinstance(v, str) else [v]
     try:
         t = tuple(operator.index(x) for x in items if not isinstance(x, bool | str))
@@ -48,6 +49,8 @@ def pair(v: int | Sequence[int], what: str = "value") -> tuple[int, int]:
         t = ()
     if len(t) != len(items) or len(t) not in (1, 2):
         raise InvalidArgumentError(f"{what} must be an int or a pair of ints, got {v!r}")
+    if min(t) < 0:
+        raise InvalidArgumentError(f"{what} must be non-negative, got {v!r}")
     return (t[0], t[-1])
 
 
@@ -115,12 +118,13 @@ class PoolSpec:
     ceil_mode: bool
 
 
-def pool_spec(kernel, stride, padding, dilation, ceil_mode) -> PoolSpec:
-    """Normalizes PyTorch's pooling arguments (``stride=None`` means the kernel size)."""
-    k = pair(kernel, "pooling: kernel_size")
+def pool_spec(kernel, stride, padding, dilation, ceil_mode, op: str = "pooling") -> PoolSpec:
+    """Normalizes PyTorch's pooling arguments (``stride=None`` means the kernel
+    size); ``op`` names the operation in errors."""
+    k = pair(kernel, f"{op}: kernel_size")
     empty = stride is None or (isinstance(stride, Sequence) and len(stride) == 0)
-    s = k if empty else pair(stride, "pooling: stride")
-    pad, dil = pair(padding, "pooling: padding"), pair(dilation, "pooling: dilation")
+    s = k if empty else pair(stride, f"{op}: stride")
+    pad, dil = pair(padding, f"{op}: padding"), pair(dilation, f"{op}: dilation")
     return PoolSpec(k, s, pad, dil, bool(ceil_mode))
 
 
@@ -128,13 +132,21 @@ def maxpool_spec_of(m: nn.MaxPool2d) -> PoolSpec:
     """The window of an ``nn.MaxPool2d``."""
     if m.return_indices:
         raise InvalidArgumentError("maxpool2d: return_indices=True is not supported by ai3")
-    return pool_spec(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+    return pool_spec(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode, "maxpool2d")
 
 
 def avgpool_spec_of(m: nn.AvgPool2d) -> tuple[PoolSpec, bool, int | None]:
     """The window, ``count_include_pad`` and ``divisor_override`` of an ``nn.AvgPool2d``."""
-    spec = pool_spec(m.kernel_size, m.stride, m.padding, 1, m.ceil_mode)
-    return spec, bool(m.count_include_pad), m.divisor_override
+    spec = pool_spec(m.kernel_size, m.stride, m.padding, 1, m.ceil_mode, "avgpool2d")
+    return spec, bool(m.count_include_pad), divisor_override(m.divisor_override)
+
+
+def divisor_override(v: int | None) -> int | None:
+    """An average pool's ``divisor_override``: ``None`` or a positive int.
+    PyTorch also divides by a negative one; ai3 refuses it."""
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise InvalidArgumentError(f"avgpool2d: divisor_override must be a positive int, got {v!r}")
+    return v
 
 
 def adaptive_size(output_size) -> tuple[int | None, int | None]:
