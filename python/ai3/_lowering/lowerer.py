@@ -5,7 +5,7 @@ value (Dropout, Identity, ``contiguous``), a symbolic size (``x.size(0)``),
 or the pieces of a ``chunk``/``split`` that later ``getitem`` nodes slice.
 Nodes ai3 cannot run are collected, so one error can list all of them.
 
-Every handler reads its call through a :class:`~ai3._calls.Sig`, so an
+Every handler reads its call through a :class:`~ai3._lowering.calls.Sig`, so an
 argument ai3 does not implement makes the node unsupported instead of being
 ignored. In-place operations (``F.relu(x, inplace=True)``, ``x.relu_()``)
 are computed out of place; the lowerer follows PyTorch's aliasing so that
@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module
 
-from . import _layers as L
-from . import _sizes as S
-from ._calls import Sig, Unsupported, as_bool, as_float, as_int, as_ints
-from .errors import Error, InvalidArgumentError
+from .. import _layers as L
+from .. import _sizes as S
+from ..errors import Error, InvalidArgumentError
+from .calls import Sig, Unsupported, as_bool, as_float, as_int, as_ints
 
 
 @dataclass(frozen=True)
@@ -517,7 +517,7 @@ def _swapped_module(lw: Lowerer, n, m, x) -> None:
 
 
 def _register_swapped() -> None:
-    from . import swap
+    from .. import swap
 
     for cls in swap._WRAPPERS.values():
         MODULES[cls] = _swapped_module
