@@ -386,3 +386,17 @@ def test_in_place_change_of_a_module_tensor_is_reported():
             return x + F.relu(self.w, inplace=True)
 
     assert "in place" in rejected(Net())["relu"]
+
+
+def test_an_operation_has_one_lowering_handler():
+    """Registering a second handler for an operation is refused, and nothing
+    of that call is registered."""
+    from ai3 import _lowering
+
+    before = (dict(_lowering.MODULES), dict(_lowering.FUNCTIONS), dict(_lowering.METHODS))
+    with pytest.raises(ValueError, match="relu"):
+        _lowering.register(methods={"a_new_method": print, "relu": print})
+    assert (_lowering.MODULES, _lowering.FUNCTIONS, _lowering.METHODS) == before
+    with pytest.raises(ValueError, match="ReLU"):
+        _lowering.register(modules={nn.ReLU: print})
+    assert _lowering.MODULES == before[0]

@@ -116,6 +116,10 @@ class Sig:
         return b
 
 
+#: A call on one tensor and nothing else: a module's, ``torch.relu(x)``, ``x.relu_()``.
+INPUT = Sig("input")
+
+
 # ---- constant arguments ---------------------------------------------------------------------
 
 

@@ -1,0 +1,126 @@
+"""Activations (ReLU and its kin, sigmoid, tanh, GELU, ...) as modules,
+functions and tensor methods, in place or not; and softmax."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .calls import INPUT, Sig, Unsupported, as_bool, as_float, as_int
+from .lowerer import Lowerer
+from .registry import register
+
+
+def _gelu_approximate(approximate: Any) -> list[float]:
+    if approximate not in ("none", "tanh"):
+        raise Unsupported(f"approximate={approximate!r} (PyTorch takes 'none' or 'tanh')")
+    return [1.0 if approximate == "tanh" else 0.0]
+
+
+def _hardtanh_params(min_val: Any, max_val: Any) -> list[float]:
+    return [as_float("min_val", min_val), as_float("max_val", max_val)]
+
+
+def _act_module(kind: str, params: Callable[[nn.Module], list[float]] = lambda m: []) -> Callable:
+    def handler(lw: Lowerer, n, m, x) -> None:
+        inplace = as_bool("inplace", getattr(m, "inplace", False))
+        lw.activation(n, x, kind, params(m), module=m, inplace=inplace)
+
+    return handler
+
+
+def _act_fn(kind: str, sig: Sig = INPUT, params=lambda b: [], inplace=False) -> Callable:
+    """An activation: ``inplace`` for ``x.relu_()``-like calls, else read from the
+    call's ``inplace`` argument when it has one."""
+
+    def handler(lw: Lowerer, n) -> None:
+        b = sig.bind(n)
+        changes = inplace or as_bool("inplace", b.get("inplace", False))
+        lw.activation(n, b["input"], kind, params(b), inplace=changes)
+
+    return handler
+
+
+#: ``F.relu(input, inplace=False)`` and the other activations with an ``inplace`` flag.
+_INPLACE = Sig("input, inplace", inplace=False)
+#: ``torch.sigmoid`` / ``torch.tanh``: ai3 does not write into an ``out`` tensor.
+_OUT = Sig("input, *, out", out=None, fixed="out")
+
+
+def _softmax_module(lw: Lowerer, n, m: nn.Softmax, x) -> None:
+    if m.dim is None:
+        raise Unsupported("Softmax without dim")
+    lw.unary(n, x, "softmax", "softmax", as_int("dim", m.dim), module=m)
+
+
+def _softmax_fn(sig: Sig) -> Callable:
+    def handler(lw: Lowerer, n) -> None:
+        b = sig.bind(n)
+        if b["dim"] is None:
+            raise Unsupported("softmax without dim (PyTorch's implicit choice is deprecated)")
+        lw.unary(n, b["input"], "softmax", "softmax", as_int("dim", b["dim"]))
+
+    return handler
+
+
+#: ``torch.softmax(input, dim, dtype=None)`` and ``x.softmax(dim, dtype=None)``.
+_softmax = _softmax_fn(Sig("input, dim, dtype", dtype=None, fixed="dtype"))
+
+
+register(
+    modules={
+        nn.Softmax: _softmax_module,
+        nn.ReLU: _act_module("relu"),
+        nn.ReLU6: _act_module("relu6"),
+        nn.Hardtanh: _act_module("hardtanh", lambda m: _hardtanh_params(m.min_val, m.max_val)),
+        nn.Hardswish: _act_module("hardswish"),
+        nn.Hardsigmoid: _act_module("hardsigmoid"),
+        nn.SiLU: _act_module("silu"),
+        nn.Sigmoid: _act_module("sigmoid"),
+        nn.Tanh: _act_module("tanh"),
+        nn.GELU: _act_module("gelu", lambda m: _gelu_approximate(m.approximate)),
+    },
+    functions={
+        torch.relu: _act_fn("relu"),
+        torch.relu_: _act_fn("relu", inplace=True),
+        F.relu: _act_fn("relu", _INPLACE),
+        F.relu_: _act_fn("relu", inplace=True),
+        F.relu6: _act_fn("relu6", _INPLACE),
+        F.hardtanh: _act_fn(
+            "hardtanh",
+            Sig("input, min_val, max_val, inplace", min_val=-1.0, max_val=1.0, inplace=False),
+            lambda b: _hardtanh_params(b["min_val"], b["max_val"]),
+        ),
+        F.hardswish: _act_fn("hardswish", _INPLACE),
+        F.hardsigmoid: _act_fn("hardsigmoid", _INPLACE),
+        F.silu: _act_fn("silu", _INPLACE),
+        torch.sigmoid: _act_fn("sigmoid", _OUT),
+        F.sigmoid: _act_fn("sigmoid"),
+        torch.tanh: _act_fn("tanh", _OUT),
+        F.tanh: _act_fn("tanh"),
+        F.gelu: _act_fn(
+            "gelu",
+            Sig("input, approximate", approximate="none"),
+            lambda b: _gelu_approximate(b["approximate"]),
+        ),
+        F.softmax: _softmax_fn(
+            Sig(
+                "input, dim, _stacklevel, dtype", dim=None, _stacklevel=3, dtype=None, fixed="dtype"
+            )
+        ),
+        torch.softmax: _softmax,
+    },
+    methods={
+        "relu": _act_fn("relu"),
+        "relu_": _act_fn("relu", inplace=True),
+        "sigmoid": _act_fn("sigmoid"),
+        "sigmoid_": _act_fn("sigmoid", inplace=True),
+        "tanh": _act_fn("tanh"),
+        "tanh_": _act_fn("tanh", inplace=True),
+        "softmax": _softmax,
+    },
+)

@@ -1,0 +1,69 @@
+"""Convolution and linear layers: ``nn.Conv2d``, ``nn.Linear``, ``F.conv2d``,
+``F.linear`` (their functions' weights constants or graph values)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import _layers as L
+from .calls import Sig, Unsupported, as_int
+from .lowerer import ALGO, In, Lowerer
+from .registry import register
+
+
+def _conv(lw: Lowerer, n, inputs, w, bias, s: L.ConvSpec, module=None) -> None:
+    args = [In(0), w, bias, s.stride, s.padding, s.dilation, s.groups, s.padding_mode, ALGO]
+    lw.step(n, "conv2d", "conv2d", inputs, args, module)
+
+
+def _conv_module(lw: Lowerer, n, m: nn.Conv2d, x) -> None:
+    s = L.conv_spec_of(m)
+    _conv(lw, n, [x], m.weight, m.bias, s, m)
+
+
+def _linear_module(lw: Lowerer, n, m: nn.Linear, x) -> None:
+    lw.step(n, "linear", "linear", [x], [In(0), m.weight, m.bias, ALGO], m)
+
+
+_CONV = Sig(
+    "input, weight, bias, stride, padding, dilation, groups",
+    bias=None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+)
+
+
+def _conv_fn(lw: Lowerer, n) -> None:
+    """``F.conv2d`` / ``torch.conv2d``: weight and bias constants or graph values."""
+    b = _CONV.bind(n)
+    inputs, (w, bias) = lw.weight_args(b["input"], b["weight"], b["bias"])
+    if isinstance(w, In) and b["padding"] == "same":
+        raise Unsupported("padding='same' with a weight known only at run time")
+    s = L.conv_spec(
+        w if isinstance(w, torch.Tensor) else None,
+        b["stride"],
+        b["padding"],
+        b["dilation"],
+        as_int("groups", b["groups"]),
+    )
+    _conv(lw, n, inputs, w, bias, s)  # padding_mode="zeros"
+
+
+_LINEAR = Sig("input, weight, bias", bias=None)
+
+
+def _linear_fn(lw: Lowerer, n) -> None:
+    b = _LINEAR.bind(n)
+    inputs, (w, bias) = lw.weight_args(b["input"], b["weight"], b["bias"])
+    lw.step(n, "linear", "linear", inputs, [In(0), w, bias, ALGO])
+
+
+register(
+    modules={nn.Conv2d: _conv_module, nn.Linear: _linear_module},
+    # F.conv2d is torch.conv2d.
+    functions={torch.conv2d: _conv_fn, F.linear: _linear_fn},
+)

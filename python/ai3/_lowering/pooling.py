@@ -1,0 +1,149 @@
+"""Pooling and reductions: max, average and adaptive 2-D pooling (modules and
+functions), and ``mean``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import _layers as L
+from .calls import Sig, Unsupported, as_bool, as_int, as_ints
+from .lowerer import Lowerer
+from .registry import register
+
+
+def _maxpool(lw: Lowerer, n, x, p: L.PoolSpec, module=None) -> None:
+    window = (p.kernel, p.stride, p.padding, p.dilation, p.ceil_mode)
+    lw.unary(n, x, "maxpool2d", "maxpool2d", *window, module=module)
+
+
+def _avgpool(lw: Lowerer, n, x, p: L.PoolSpec, include_pad, divisor, module=None) -> None:
+    window = (p.kernel, p.stride, p.padding, p.ceil_mode)
+    lw.unary(n, x, "avgpool2d", "avgpool2d", *window, include_pad, divisor, module=module)
+
+
+def _maxpool_module(lw: Lowerer, n, m: nn.MaxPool2d, x) -> None:
+    if m.return_indices:
+        raise Unsupported("return_indices=True")
+    _maxpool(lw, n, x, L.maxpool_spec_of(m), m)
+
+
+def _avgpool_module(lw: Lowerer, n, m: nn.AvgPool2d, x) -> None:
+    p, inc, div = L.avgpool_spec_of(m)
+    _avgpool(lw, n, x, p, inc, div, m)
+
+
+def _adaptive_module(op: str) -> Callable:
+    def handler(lw: Lowerer, n, m, x) -> None:
+        if getattr(m, "return_indices", False):
+            raise Unsupported("return_indices=True")
+        lw.unary(n, x, op, op, L.adaptive_size(m.output_size), module=m)
+
+    return handler
+
+
+_MAXPOOL = Sig(
+    "input, kernel_size, stride, padding, dilation, ceil_mode, return_indices",
+    stride=None,
+    padding=0,
+    dilation=1,
+    ceil_mode=False,
+    return_indices=False,
+    fixed="return_indices",
+)
+#: ``torch.max_pool2d`` (ATen's): no ``return_indices``, and ``stride=[]`` means the kernel.
+_TORCH_MAXPOOL = Sig(
+    "input, kernel_size, stride, padding, dilation, ceil_mode",
+    stride=(),
+    padding=0,
+    dilation=1,
+    ceil_mode=False,
+)
+
+
+def _maxpool_fn(sig: Sig) -> Callable:
+    def handler(lw: Lowerer, n) -> None:
+        b = sig.bind(n)
+        p = L.pool_spec(
+            b["kernel_size"],
+            b["stride"],
+            b["padding"],
+            b["dilation"],
+            as_bool("ceil_mode", b["ceil_mode"]),
+        )
+        _maxpool(lw, n, b["input"], p)
+
+    return handler
+
+
+_AVGPOOL = Sig(
+    "input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override",
+    stride=None,
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+)
+
+
+def _avgpool_fn(lw: Lowerer, n) -> None:
+    b = _AVGPOOL.bind(n)
+    p = L.pool_spec(
+        b["kernel_size"], b["stride"], b["padding"], 1, as_bool("ceil_mode", b["ceil_mode"])
+    )
+    div = b["divisor_override"]
+    include_pad = as_bool("count_include_pad", b["count_include_pad"])
+    _avgpool(
+        lw, n, b["input"], p, include_pad, None if div is None else as_int("divisor_override", div)
+    )
+
+
+def _adaptive_fn(op: str, sig: Sig) -> Callable:
+    def handler(lw: Lowerer, n) -> None:
+        b = sig.bind(n)
+        lw.unary(n, b["input"], op, op, L.adaptive_size(b["output_size"]))
+
+    return handler
+
+
+_TORCH_MEAN = Sig(
+    "input, dim, keepdim, *, dtype, out", dim=None, keepdim=False, dtype=None, out=None,
+    fixed="dtype out",
+)  # fmt: skip
+_METHOD_MEAN = Sig(
+    "input, dim, keepdim, *, dtype", dim=None, keepdim=False, dtype=None, fixed="dtype"
+)
+
+
+def _mean_fn(sig: Sig) -> Callable:
+    def handler(lw: Lowerer, n) -> None:
+        b = sig.bind(n)
+        dims = [] if b["dim"] is None else as_ints("dim", b["dim"])
+        lw.unary(n, b["input"], "mean", "mean", dims, as_bool("keepdim", b["keepdim"]))
+
+    return handler
+
+
+register(
+    modules={
+        nn.MaxPool2d: _maxpool_module,
+        nn.AvgPool2d: _avgpool_module,
+        nn.AdaptiveAvgPool2d: _adaptive_module("adaptiveavgpool2d"),
+        nn.AdaptiveMaxPool2d: _adaptive_module("adaptivemaxpool2d"),
+    },
+    functions={
+        F.max_pool2d: _maxpool_fn(_MAXPOOL),
+        torch.max_pool2d: _maxpool_fn(_TORCH_MAXPOOL),
+        F.avg_pool2d: _avgpool_fn,
+        F.adaptive_avg_pool2d: _adaptive_fn("adaptiveavgpool2d", Sig("input, output_size")),
+        F.adaptive_max_pool2d: _adaptive_fn(
+            "adaptivemaxpool2d",
+            Sig("input, output_size, return_indices", return_indices=False, fixed="return_indices"),
+        ),
+        torch.mean: _mean_fn(_TORCH_MEAN),
+    },
+    methods={"mean": _mean_fn(_METHOD_MEAN)},
+)

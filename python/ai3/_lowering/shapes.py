@@ -1,0 +1,198 @@
+"""Shape operations, which move elements without computing new ones:
+flatten, permute/transpose, reshape/view, chunk/split and the ``getitem``
+that picks a piece, and the symbolic sizes ``x.shape`` / ``x.size(d)``.
+
+Their results may share their input's memory, so each records itself as a
+view of it (:meth:`~.lowerer.Lowerer.view`) for the in-place tracking."""
+
+from __future__ import annotations
+
+import builtins
+import operator
+from collections.abc import Callable
+
+import torch
+import torch.fx
+from torch import nn
+
+from .. import _sizes as S
+from .calls import Sig, Unsupported, as_int, as_ints
+from .lowerer import ALGO, ALL_INPUTS, OPAQUE, Lowerer, Pieces
+from .registry import register
+
+
+def _flatten(lw: Lowerer, n, x, start_dim, end_dim, module=None) -> None:
+    start, end = as_int("start_dim", start_dim), as_int("end_dim", end_dim)
+    lw.unary(n, x, "flatten", "flatten", start, end, module=module)
+    lw.view(n, x)
+
+
+def _flatten_module(lw: Lowerer, n, m: nn.Flatten, x) -> None:
+    _flatten(lw, n, x, m.start_dim, m.end_dim, m)
+
+
+_FLATTEN = Sig("input, start_dim, end_dim", start_dim=0, end_dim=-1)
+
+
+def _flatten_fn(lw: Lowerer, n) -> None:
+    """``torch.flatten(x, start_dim, end_dim)`` and ``x.flatten(start_dim, end_dim)``."""
+    b = _FLATTEN.bind(n)
+    _flatten(lw, n, b["input"], b["start_dim"], b["end_dim"])
+
+
+def _permute(sig: Sig) -> Callable:
+    """``torch.permute(x, dims)`` / ``x.permute(*dims)`` (or ``x.permute(dims)``)."""
+
+    def handler(lw: Lowerer, n) -> None:
+        b = sig.bind(n)
+        dims = b["dims"]
+        if sig.varargs and len(dims) == 1 and isinstance(dims[0], list | tuple):
+            dims = dims[0]
+        lw.unary(n, b["input"], "permute", "permute", as_ints("dims", dims))
+        lw.view(n, b["input"])
+
+    return handler
+
+
+_TRANSPOSE = Sig("input, dim0, dim1")
+
+
+def _transpose(lw: Lowerer, n) -> None:
+    b = _TRANSPOSE.bind(n)
+    # The input's rank is unknown until run time, so the two axes go to Rust as they are.
+    d0, d1 = as_int("dim0", b["dim0"]), as_int("dim1", b["dim1"])
+    lw.unary(n, b["input"], "permute", "transpose", d0, d1)
+    lw.view(n, b["input"])
+
+
+def _reshape(sig: Sig, name: str) -> Callable:
+    """``torch.reshape(x, shape)``, ``x.reshape(*shape)`` and ``x.view(*size)``:
+    each size a constant or a symbolic size read from a tensor at run time."""
+
+    def handler(lw: Lowerer, n) -> None:
+        b = sig.bind(n)
+        x, shape = b["input"], b[name]
+        if sig.varargs and not shape:
+            raise Unsupported("no shape given")
+        if sig.varargs and len(shape) == 1:
+            shape = shape[0]  # x.view((2, -1)), x.view(x.shape), x.view(n)
+        if isinstance(shape, torch.fx.Node):
+            if isinstance(lw.kind.get(lw.canonical(shape)), S.ShapeOf):
+                raise Unsupported("reshape to another tensor's whole shape")
+            shape = [shape]
+        entries = shape if isinstance(shape, list | tuple) else [shape]
+        exprs = [lw.size(e) for e in entries]
+        data = lw.tensor(x)
+        extra: list[torch.fx.Node] = []
+        for e in exprs:
+            for m in S.nodes_of(e):
+                if m is not data and m not in extra:
+                    extra.append(m)
+        index = {data: 0, **{m: i + 1 for i, m in enumerate(extra)}}
+        spec = [S.encode(e, index) for e in exprs]
+        lw.step(n, "reshape", "reshape", [data], [ALL_INPUTS, spec, ALGO], shapes=extra)
+        lw.view(n, x)
+
+    return handler
+
+
+def _pieces(sig: Sig, how: str, chunks: bool) -> Callable:
+    """``chunk`` / ``split``: the pieces, which ``getitem`` nodes slice out."""
+
+    def handler(lw: Lowerer, n) -> None:
+        b = sig.bind(n)
+        x, size, dim = b[sig.first], b[how], as_int("dim", b["dim"])
+        t = lw.tensor(x)
+        if chunks or not isinstance(size, list | tuple):
+            k = as_int(how, size)
+            if k <= 0:
+                raise Unsupported(f"{how}={k} (must be positive)")
+            lw.kind[n] = Pieces(t, dim, k, None, None) if chunks else Pieces(t, dim, None, k, None)
+        else:
+            sections = as_ints(how, size)
+            if any(s < 0 for s in sections):
+                raise Unsupported(f"{how}={sections} (sizes must not be negative)")
+            lw.kind[n] = Pieces(t, dim, None, None, sections)
+        lw.view(n, x)
+
+    return handler
+
+
+_GETITEM = Sig("a, b")
+
+
+def _getitem(lw: Lowerer, n) -> None:
+    b = _GETITEM.bind(n)
+    src, idx = b["a"], b["b"]
+    if isinstance(idx, torch.fx.Node):
+        raise Unsupported("an index computed by the network")
+    k = lw.kind.get(lw.canonical(src)) if isinstance(src, torch.fx.Node) else None
+    if k == OPAQUE:
+        lw.kind[n] = OPAQUE  # its source is already reported
+    elif isinstance(k, S.ShapeOf) and isinstance(idx, int) and not isinstance(idx, bool):
+        lw.kind[n] = S.Dim(k.node, idx)
+    elif isinstance(k, Pieces) and isinstance(idx, int) and not isinstance(idx, bool):
+        lw.check_current(src)  # the pieces are views of their input
+        if k.sections is not None:
+            count = len(k.sections)
+            if not -count <= idx < count:
+                raise Unsupported(f"index {idx} out of range for a split into {count} pieces")
+            idx %= count
+        elif idx < 0:
+            raise Unsupported(
+                f"index {idx} counted from the end of a chunk/split whose number of pieces "
+                "depends on the input's size"
+            )
+        lw.unary(n, k.node, "slice", "slice", k.dim, idx, k.chunks, k.split_size, k.sections)
+        lw.view(n, src)
+    else:
+        raise Unsupported("indexing (only chunk/split pieces and sizes can be indexed)")
+
+
+_GETATTR = Sig("obj, name")
+
+
+def _getattr_fn(lw: Lowerer, n) -> None:
+    b = _GETATTR.bind(n)
+    if b["name"] != "shape":
+        raise Unsupported(f"attribute {b['name']!r}")
+    lw.kind[n] = S.ShapeOf(lw.shape_source(b["obj"]))
+
+
+_SIZE = Sig("input, dim", dim=None)
+
+
+def _size_method(lw: Lowerer, n) -> None:
+    b = _SIZE.bind(n)
+    x = lw.shape_source(b["input"])
+    dim = b["dim"]
+    lw.kind[n] = S.ShapeOf(x) if dim is None else S.Dim(x, as_int("dim", dim))
+
+
+_chunk = _pieces(Sig("input, chunks, dim", dim=0), "chunks", True)
+
+register(
+    modules={nn.Flatten: _flatten_module},
+    functions={
+        torch.flatten: _flatten_fn,
+        torch.permute: _permute(Sig("input, dims")),
+        torch.transpose: _transpose,
+        torch.reshape: _reshape(Sig("input, shape"), "shape"),
+        torch.chunk: _chunk,
+        torch.split: _pieces(
+            Sig("tensor, split_size_or_sections, dim", dim=0), "split_size_or_sections", False
+        ),
+        operator.getitem: _getitem,
+        builtins.getattr: _getattr_fn,
+    },
+    methods={
+        "flatten": _flatten_fn,
+        "permute": _permute(Sig("input, *dims")),
+        "transpose": _transpose,
+        "view": _reshape(Sig("input, *size"), "size"),
+        "reshape": _reshape(Sig("input, *shape"), "shape"),
+        "chunk": _chunk,
+        "split": _pieces(Sig("input, split_size, dim", dim=0), "split_size", False),
+        "size": _size_method,
+    },
+)
