@@ -147,15 +147,6 @@ KNOWN_BUGS: dict[str, KnownBug] = {
             v["verdict"] == "ai3_only_raises" and "output_size must be positive" in _err(v)
         ),
     ),
-    "same_padding_with_stride": KnownBug(
-        "F.conv2d(x, w, stride=2, padding='same') converts and computes; PyTorch raises "
-        "\"padding='same' is not supported for strided convolutions\"",
-        conv(form="function", stride=2, padding="same", hw=[4, 4]),
-        lambda c, v: (
-            v["verdict"] == "torch_only_raises"
-            and "padding='same' is not supported for strided" in v.get("torch_error", "")
-        ),
-    ),
     "ceil_mode_window_past_input": KnownBug(
         "max/avg pools with ceil_mode=True whose window is larger than the padded input "
         "raise ShapeError; PyTorch computes one window, clipped to the input (AvgPool2d(3, "

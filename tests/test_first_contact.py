@@ -366,3 +366,22 @@ def test_negative_hyperparameters_are_invalid_arguments(make, how):
             ai3.convert(m)(x)
         else:
             ai3.swap_operation(type(m).__name__.lower(), m)(x)
+
+
+def test_same_padding_with_a_stride_is_refused_as_in_pytorch():
+    """F.conv2d(x, w, stride=2, padding='same') once converted and computed;
+    PyTorch raises for it (the fuzzer found this)."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(2, 1, 3, 3))
+
+        def forward(self, x):
+            return F.conv2d(x, self.w, stride=2, padding="same")
+
+    net, x = Net(), torch.randn(1, 1, 6, 6)
+    with pytest.raises(RuntimeError, match="strided"):
+        net(x)
+    with pytest.raises(ai3.InvalidArgumentError, match="padding='same' is not supported"):
+        ai3.convert(net)(x)

@@ -81,6 +81,11 @@ def conv_spec(
     if isinstance(padding, str):
         if padding == "valid":
             pad = (0, 0, 0, 0)
+        elif padding == "same" and stride != (1, 1):
+            # As PyTorch's F.conv2d: 'same' has no meaning once outputs are strided.
+            raise InvalidArgumentError(
+                f"conv2d: padding='same' is not supported for strided convolutions (stride {stride})"
+            )
         elif padding == "same" and weight is not None:
             kh, kw = weight.shape[2], weight.shape[3]
             # PyTorch puts the odd extra row/column of 'same' at the bottom/right.
@@ -96,8 +101,6 @@ def conv_spec(
             )
     else:
         ph, pw = pair(padding, "conv2d: padding")
-        if ph < 0 or pw < 0:
-            raise InvalidArgumentError(f"conv2d: padding must be non-negative, got {padding!r}")
         pad = (ph, ph, pw, pw)
     return ConvSpec(stride, pad, dilation, int(groups), padding_mode)
 

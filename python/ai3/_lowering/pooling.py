@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _layers as L
-from .calls import Sig, Unsupported, as_bool, as_int, as_ints
+from .calls import Sig, Unsupported, as_bool, as_ints
 from .lowerer import Lowerer
 from .registry import register
 
@@ -73,6 +73,7 @@ def _maxpool_fn(sig: Sig) -> Callable:
             b["padding"],
             b["dilation"],
             as_bool("ceil_mode", b["ceil_mode"]),
+            "maxpool2d",
         )
         _maxpool(lw, n, b["input"], p)
 
@@ -91,14 +92,10 @@ _AVGPOOL = Sig(
 
 def _avgpool_fn(lw: Lowerer, n) -> None:
     b = _AVGPOOL.bind(n)
-    p = L.pool_spec(
-        b["kernel_size"], b["stride"], b["padding"], 1, as_bool("ceil_mode", b["ceil_mode"])
-    )
-    div = b["divisor_override"]
+    ceil_mode = as_bool("ceil_mode", b["ceil_mode"])
+    p = L.pool_spec(b["kernel_size"], b["stride"], b["padding"], 1, ceil_mode, "avgpool2d")
     include_pad = as_bool("count_include_pad", b["count_include_pad"])
-    _avgpool(
-        lw, n, b["input"], p, include_pad, None if div is None else as_int("divisor_override", div)
-    )
+    _avgpool(lw, n, b["input"], p, include_pad, L.divisor_override(b["divisor_override"]))
 
 
 def _adaptive_fn(op: str, sig: Sig) -> Callable:
