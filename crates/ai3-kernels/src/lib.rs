@@ -9,9 +9,11 @@
 //! [`custom`] reaches the user's C++ implementations (`cpp_custom/`) through
 //! `cxx`, with the same slice-and-parameters interface.
 
+pub mod alloc;
 pub mod cpu;
 pub mod custom;
 pub mod float;
 pub mod params;
 
+pub use alloc::{KernelError, KernelResult};
 pub use float::Float;
