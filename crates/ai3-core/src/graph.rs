@@ -558,16 +558,7 @@ impl Graph {
 
 /// Adds the node an error came from to its message.
 fn with_node(e: Error, node: &str) -> Error {
-    let at = |msg: String| format!("{msg} (at node '{node}')");
-    match e {
-        Error::Shape { op, msg } => Error::Shape { op, msg: at(msg) },
-        Error::Dtype { op, msg } => Error::Dtype { op, msg: at(msg) },
-        Error::InvalidArgument { op, msg } => Error::InvalidArgument { op, msg: at(msg) },
-        Error::Algorithm { op, msg } => Error::Algorithm { op, msg: at(msg) },
-        Error::Device { op, msg } => Error::Device { op, msg: at(msg) },
-        Error::Custom { op, msg } => Error::Custom { op, msg: at(msg) },
-        Error::Internal { op, msg } => Error::Internal { op, msg: at(msg) },
-    }
+    e.map_msg(|msg| format!("{msg} (at node '{node}')"))
 }
 
 #[cfg(test)]
