@@ -44,8 +44,8 @@ unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
 
 impl Storage {
-    /// Zeroed, aligned memory of at least `bytes`, from the allocator's
-    /// zeroed pages (touched only when written), or the allocator's refusal.
+    /// Zeroed, 64-byte aligned memory of at least `bytes`, or the
+    /// allocator's refusal.
     fn owned_zeroed(bytes: usize) -> std::result::Result<Self, KernelError> {
         Ok(Storage::Owned(try_zeroed_vec(
             bytes.div_ceil(ALIGNMENT),

@@ -124,8 +124,9 @@ pub fn byte_size<T>(len: usize, what: &'static str) -> KernelResult<usize> {
 
 /// A `Vec` of `len` zeros, or an error instead of aborting when the size
 /// overflows ([`KernelError::Overflow`]) or the system refuses the memory
-/// ([`KernelError::Alloc`]). Large buffers come zeroed from the OS, page by
-/// page as they are touched, like `vec![0.0; len]`.
+/// ([`KernelError::Alloc`]). Like `vec![0.0; len]`, large buffers of types
+/// aligned to at most 16 bytes come zeroed from the OS, page by page as they
+/// are touched (`calloc`); more strictly aligned ones are zeroed when made.
 pub fn try_zeroed_vec<T: Zeroable>(len: usize, what: &'static str) -> KernelResult<Vec<T>> {
     let bytes = byte_size::<T>(len, what)?;
     if bytes == 0 {
