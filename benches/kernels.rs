@@ -22,22 +22,22 @@ fn conv(c: &mut Criterion) {
         let x = values(p.input_len(), 1);
         let w = values(p.weight_len(), 2);
         let b = values(cout, 3);
-        let wf = winograd::transform_filter(&p, &w);
+        let wf = winograd::transform_filter(&p, &w).expect("transformed filter");
         let mut out = vec![0f32; p.output_len()];
         let flops = 2 * p.output_len() * cin * 9;
         group.throughput(Throughput::Elements(flops as u64));
         let id = format!("{cin}x{cout}@{size}");
         group.bench_function(BenchmarkId::new("gemm", &id), |bch| {
-            bch.iter(|| gemm::conv2d(&p, &x, &w, Some(&b), &mut out))
+            bch.iter(|| gemm::conv2d(&p, &x, &w, Some(&b), &mut out).expect("kernel"))
         });
         group.bench_function(BenchmarkId::new("winograd", &id), |bch| {
-            bch.iter(|| winograd::conv2d(&p, &x, &wf, Some(&b), &mut out))
+            bch.iter(|| winograd::conv2d(&p, &x, &wf, Some(&b), &mut out).expect("kernel"))
         });
         group.bench_function(BenchmarkId::new("smm", &id), |bch| {
-            bch.iter(|| smm::conv2d(&p, &x, &w, Some(&b), &mut out))
+            bch.iter(|| smm::conv2d(&p, &x, &w, Some(&b), &mut out).expect("kernel"))
         });
         group.bench_function(BenchmarkId::new("direct", &id), |bch| {
-            bch.iter(|| direct::conv2d(&p, &x, &w, Some(&b), &mut out))
+            bch.iter(|| direct::conv2d(&p, &x, &w, Some(&b), &mut out).expect("kernel"))
         });
     }
     group.finish();
@@ -59,7 +59,7 @@ fn gemm_linear(c: &mut Criterion) {
         (2 * p.rows * p.in_features * p.out_features) as u64,
     ));
     group.bench_function("gemm/64x4096x4096", |bch| {
-        bch.iter(|| linear::gemm(&p, &x, &w, Some(&b), &mut out))
+        bch.iter(|| linear::gemm(&p, &x, &w, Some(&b), &mut out).expect("kernel"))
     });
     group.finish();
 }
@@ -81,7 +81,7 @@ fn pools(c: &mut Criterion) {
     let mut group = c.benchmark_group("pool");
     group.sample_size(20);
     group.bench_function("maxpool2d/10x64x112x112", |bch| {
-        bch.iter(|| pool::maxpool2d(&p, &x, &mut out))
+        bch.iter(|| pool::maxpool2d(&p, &x, &mut out).expect("kernel"))
     });
     group.finish();
 }

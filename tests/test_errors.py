@@ -269,6 +269,7 @@ def test_exception_hierarchy():
         (ai3.SelectorError, ValueError),
         (ai3.DeviceError, RuntimeError),
         (ai3.InternalError, RuntimeError),
+        (ai3.OutOfMemoryError, MemoryError),
         (ai3.UnsupportedOperationError, NotImplementedError),
     ]
     for cls, builtin in pairs:

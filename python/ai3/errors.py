@@ -1,6 +1,7 @@
 """The exceptions ai3 raises. All derive from :class:`ai3.Error`, and each
 also from the builtin a PyTorch user would expect (``ValueError`` for bad
-shapes or arguments, ``TypeError`` for bad dtypes)."""
+shapes or arguments, ``TypeError`` for bad dtypes, ``MemoryError`` for memory
+the system refuses)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ __all__ = [
     "DeviceError",
     "CustomError",
     "InternalError",
+    "OutOfMemoryError",
     "UnsupportedOperationError",
 ]
 
@@ -53,6 +55,18 @@ class CustomError(Error, RuntimeError):
 
 class InternalError(Error, RuntimeError):
     """A bug in ai3 (reported instead of crashing). Please file it."""
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """The system refused memory ai3 asked for: an output, the arena of
+    intermediate values, a padded copy of the input, prepared weights or a
+    kernel's scratch. The message names the operation, the shapes and the bytes
+    asked for, e.g. ``conv2d: cannot allocate 64.0 TB (64000384000576 bytes)
+    for the output of shape [1, 4, 2000006, 2000006]; input shape [1, 3, 8, 8]``.
+
+    The process keeps running. As for any program (PyTorch included), Linux
+    refuses at once a request larger than the memory and swap there are; a
+    smaller one may be granted and fail only when the pages are touched."""
 
 
 class UnsupportedOperationError(Error, NotImplementedError):

@@ -18,7 +18,7 @@ use crate::dtype::{DType, Device};
 use crate::error::{Error, Result};
 use crate::ops::Operation;
 use crate::plan::{place, Interval};
-use crate::tensor::{contiguous_strides, shape_str, Tensor};
+use crate::tensor::{checked_bytes, contiguous_strides, shape_str, Tensor, ALIGNMENT};
 
 /// Index of a value (a graph input, a constant or a node's output).
 pub type ValueId = usize;
@@ -277,9 +277,17 @@ impl Graph {
                     let node = &self.nodes[n];
                     let ins: Vec<&[usize]> =
                         node.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
-                    node.op
+                    let shape = node
+                        .op
                         .output_shape(&ins)
-                        .map_err(|e| with_node(e, &node.name))?
+                        .map_err(|e| with_node(e, &node.name))?;
+                    // Countable in bytes before any later node reads it or
+                    // anything is allocated for it.
+                    checked_bytes(node.op.kind().name(), self.dtype, &shape).map_err(|e| {
+                        let ins = self.input_shapes_str(node, &shapes);
+                        with_node(e.map_msg(|m| format!("the output: {m}; {ins}")), &node.name)
+                    })?;
+                    shape
                 }
             };
             shapes.push(shape);
@@ -310,6 +318,15 @@ impl Graph {
             .collect()
     }
 
+    /// `node`'s input shapes, for messages.
+    fn input_shapes_str(&self, node: &Node, shapes: &[Vec<usize>]) -> String {
+        let ins: Vec<String> = node.inputs.iter().map(|&u| shape_str(&shapes[u])).collect();
+        match ins.len() {
+            1 => format!("input shape {}", ins[0]),
+            _ => format!("input shapes {}", ins.join(", ")),
+        }
+    }
+
     fn make_plan(&self, input_shapes: &[Vec<usize>]) -> Result<Plan> {
         let shapes = self.infer_shapes(input_shapes)?;
         let mut last_use: Vec<Option<usize>> = vec![None; self.num_values()];
@@ -318,17 +335,32 @@ impl Graph {
                 last_use[v] = Some(i);
             }
         }
-        let size = self.dtype.size();
         let mut intermediates = Vec::new();
         let mut intervals = Vec::new();
+        // Aligned bytes of every intermediate together: when that fits, no
+        // offset the planner computes can overflow.
+        let mut total = 0usize;
         for (i, node) in self.nodes.iter().enumerate() {
             let v = node.output;
+            // Checked by `infer_shapes`.
+            let bytes = checked_bytes(node.op.kind().name(), self.dtype, &shapes[v])?;
             if self.outputs.contains(&v) {
                 continue;
             }
+            total = total
+                .checked_add(bytes.div_ceil(ALIGNMENT) * ALIGNMENT)
+                .ok_or_else(|| {
+                    Error::shape(
+                        "model",
+                        format!(
+                            "the intermediate values for input shape(s) {} need more bytes than a 64-bit size can count",
+                            input_shapes.iter().map(|s| shape_str(s)).collect::<Vec<_>>().join(", ")
+                        ),
+                    )
+                })?;
             intermediates.push(v);
             intervals.push(Interval {
-                bytes: shapes[v].iter().product::<usize>() * size,
+                bytes,
                 first: i,
                 last: last_use[v].unwrap_or(i),
             });
@@ -338,12 +370,13 @@ impl Graph {
         for (&v, &off) in intermediates.iter().zip(&placement.offsets) {
             offsets[v] = Some(off);
         }
-        let numel = |v: &ValueId| shapes[*v].iter().product::<usize>();
+        // Saturating: only compared with a threshold.
+        let numel = |s: &[usize]| s.iter().fold(1usize, |a, &d| a.saturating_mul(d));
         let work: usize = input_shapes
             .iter()
-            .map(|s| s.iter().product::<usize>())
-            .chain(self.nodes.iter().map(|n| numel(&n.output)))
-            .sum();
+            .map(|s| numel(s))
+            .chain(self.nodes.iter().map(|n| numel(&shapes[n.output])))
+            .fold(0, usize::saturating_add);
         Ok(Plan {
             parallel: work >= PARALLEL_WORK,
             shapes,
@@ -378,14 +411,48 @@ impl Graph {
         })
     }
 
-    /// An arena of at least `bytes`, reused from the pool when one is free.
-    fn take_arena(&self, bytes: usize) -> Tensor {
-        let mut rt = self.runtime();
-        if let Some(i) = rt.arenas.iter().position(|a| a.numel() * 4 >= bytes) {
-            return rt.arenas.swap_remove(i);
+    /// An arena for `plan`, reused from the pool when one is free; a refused
+    /// allocation names the largest intermediate value and the input shapes.
+    fn take_arena(&self, plan: &Plan, input_shapes: &[Vec<usize>]) -> Result<Tensor> {
+        let bytes = plan.arena_bytes;
+        {
+            let mut rt = self.runtime();
+            if let Some(i) = rt.arenas.iter().position(|a| a.numel() * 4 >= bytes) {
+                return Ok(rt.arenas.swap_remove(i));
+            }
         }
-        rt.arenas_allocated += 1;
-        Tensor::zeros(DType::F32, &[bytes.div_ceil(4)])
+        // Allocated outside the lock: other threads keep running meanwhile.
+        let arena = Tensor::zeros(DType::F32, &[bytes.div_ceil(4)]).map_err(|e| {
+            let Error::OutOfMemory { .. } = e else {
+                return e.with_op("model");
+            };
+            // Only computed on failure: the node whose output is largest.
+            let largest = self
+                .nodes
+                .iter()
+                .filter(|n| plan.offsets[n.output].is_some())
+                .max_by_key(|n| plan.shapes[n.output].iter().product::<usize>());
+            let ins: Vec<String> = input_shapes.iter().map(|s| shape_str(s)).collect();
+            let (op, what) = match largest {
+                Some(n) => (
+                    n.op.kind().name(),
+                    format!(
+                        "the arena of intermediate values (the largest: the output of shape {} of node '{}')",
+                        shape_str(&plan.shapes[n.output]),
+                        n.name
+                    ),
+                ),
+                None => ("model", "the arena of intermediate values".to_string()),
+            };
+            Error::out_of_memory(
+                op,
+                &what,
+                bytes,
+                &format!("model input shape(s) {}", ins.join(", ")),
+            )
+        })?;
+        self.runtime().arenas_allocated += 1;
+        Ok(arena)
     }
 
     fn return_arena(&self, arena: Tensor) {
@@ -408,7 +475,14 @@ impl Graph {
     /// the outputs of the last run with each node's median wall time in seconds,
     /// in node order.
     pub fn profile(&self, inputs: Vec<Tensor>, repeat: usize) -> Result<(Vec<Tensor>, Vec<f64>)> {
-        let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(repeat); self.nodes.len()];
+        let mut samples: Vec<Vec<f64>> = Vec::with_capacity(self.nodes.len());
+        for _ in &self.nodes {
+            // `repeat` is the caller's: a count no memory can hold is an error.
+            samples.push(
+                ai3_kernels::alloc::try_vec_with_capacity(repeat, "profile samples")
+                    .map_err(|e| Error::from_kernel("model", &format!("repeat={repeat}"), e))?,
+            );
+        }
         let out = self.with_arena(&inputs, |plan, arena| {
             let mut out = self.execute(plan, &inputs, arena, None)?;
             for _ in 0..repeat.max(1) {
@@ -443,7 +517,7 @@ impl Graph {
         self.check_inputs(inputs)?;
         let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
         let plan = self.plan_for(&input_shapes)?;
-        let mut arena = self.take_arena(plan.arena_bytes);
+        let mut arena = self.take_arena(&plan, &input_shapes)?;
         let run = || f(&plan, &mut arena);
         let result = if plan.parallel {
             crate::threads::install_parking_openmp(run)
@@ -465,7 +539,16 @@ impl Graph {
         // Kernels need row-major data: only non-contiguous inputs are copied.
         let copies: Vec<Option<Tensor>> = inputs
             .iter()
-            .map(|t| (!t.is_contiguous()).then(|| t.to_contiguous()).transpose())
+            .enumerate()
+            .map(|(i, t)| {
+                (!t.is_contiguous())
+                    .then(|| t.to_contiguous())
+                    .transpose()
+                    .map_err(|e| {
+                        e.with_op(self.input_consumer(i))
+                            .map_msg(|m| format!("{m} (a contiguous copy of input {i})"))
+                    })
+            })
             .collect::<Result<_>>()?;
         let base = arena.data_ptr_mut();
         let mut values: Vec<Option<Tensor>> = (0..self.num_values()).map(|_| None).collect();
@@ -485,7 +568,19 @@ impl Graph {
                         Box::new(()),
                     )?
                 },
-                None => Tensor::zeros(self.dtype, shape),
+                None => Tensor::zeros(self.dtype, shape).map_err(|e| {
+                    let ins = self.input_shapes_str(node, &plan.shapes);
+                    let e = match e {
+                        Error::OutOfMemory { .. } => Error::out_of_memory(
+                            node.op.kind().name(),
+                            &format!("the output of shape {}", shape_str(shape)),
+                            checked_bytes("model", self.dtype, shape).unwrap_or(usize::MAX),
+                            &ins,
+                        ),
+                        other => other.with_op(node.op.kind().name()),
+                    };
+                    with_node(e, &node.name)
+                })?,
             };
             {
                 let refs: Vec<&Tensor> = node
@@ -514,7 +609,10 @@ impl Graph {
                 Source::Node(_) if !reused_later => values[v]
                     .take()
                     .ok_or_else(|| Error::internal("graph", "output vanished"))?,
-                _ => self.value(v, &values, inputs, &copies)?.to_contiguous()?,
+                _ => self
+                    .value(v, &values, inputs, &copies)?
+                    .to_contiguous()
+                    .map_err(|e| e.with_op("model"))?,
             };
             result.push(t);
         }
@@ -558,16 +656,7 @@ impl Graph {
 
 /// Adds the node an error came from to its message.
 fn with_node(e: Error, node: &str) -> Error {
-    let at = |msg: String| format!("{msg} (at node '{node}')");
-    match e {
-        Error::Shape { op, msg } => Error::Shape { op, msg: at(msg) },
-        Error::Dtype { op, msg } => Error::Dtype { op, msg: at(msg) },
-        Error::InvalidArgument { op, msg } => Error::InvalidArgument { op, msg: at(msg) },
-        Error::Algorithm { op, msg } => Error::Algorithm { op, msg: at(msg) },
-        Error::Device { op, msg } => Error::Device { op, msg: at(msg) },
-        Error::Custom { op, msg } => Error::Custom { op, msg: at(msg) },
-        Error::Internal { op, msg } => Error::Internal { op, msg: at(msg) },
-    }
+    e.map_msg(|msg| format!("{msg} (at node '{node}')"))
 }
 
 #[cfg(test)]
@@ -655,7 +744,7 @@ mod tests {
             .unwrap();
         g.set_outputs(vec![s]).unwrap();
         let err = g
-            .run(vec![Tensor::zeros(DType::F32, &[2, 3])])
+            .run(vec![Tensor::zeros(DType::F32, &[2, 3]).unwrap()])
             .unwrap_err()
             .to_string();
         assert!(
@@ -667,8 +756,107 @@ mod tests {
     #[test]
     fn an_empty_batch_runs_no_kernel_and_gives_empty_outputs() {
         let g = relu_chain();
-        let out = g.run(vec![Tensor::zeros(DType::F32, &[0, 3])]).unwrap();
+        let out = g
+            .run(vec![Tensor::zeros(DType::F32, &[0, 3]).unwrap()])
+            .unwrap();
         assert!(out.iter().all(|t| t.shape() == [0, 3]), "{out:?}");
+    }
+
+    /// `x + y` for `x: [n, 1, 1]`, `y: [1, n, 1]`, then `+ z` for `z: [1, 1, n]`
+    /// when `three`, then relu: outputs of n^2 and n^3 elements from inputs of n.
+    fn broadcast_chain(three: bool) -> Graph {
+        use crate::ops::{Binary, BinaryKind};
+        let mut g = Graph::new(DType::F32, 3);
+        let add = || Box::new(Binary::new(BinaryKind::Add, None, false));
+        let mut v = g.push("xy", add(), vec![0, 1]).unwrap();
+        if three {
+            v = g.push("xyz", add(), vec![v, 2]).unwrap();
+        }
+        let r = g.push("relu", relu(), vec![v]).unwrap();
+        g.set_outputs(vec![r]).unwrap();
+        g
+    }
+
+    fn column(n: usize, axis: usize) -> Tensor {
+        let mut shape = [1, 1, 1];
+        shape[axis] = n;
+        Tensor::zeros(DType::F32, &shape).unwrap()
+    }
+
+    #[test]
+    fn memory_the_system_refuses_is_an_error_naming_the_node() {
+        // [2^21, 2^21, 1] f32 is 16 TB: the arena (add's output) is refused.
+        let n = 1 << 21;
+        let g = broadcast_chain(false);
+        let err = g
+            .run(vec![column(n, 0), column(n, 1), column(1, 2)])
+            .unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+        let msg = err.to_string();
+        for part in [
+            "add: ",
+            "17.6 TB (17592186044416 bytes)",
+            "[2097152, 2097152, 1]",
+            "'xy'",
+        ] {
+            assert!(msg.contains(part), "{part} not in {msg}");
+        }
+        // The graph still runs on inputs that fit.
+        let out = g
+            .run(vec![column(2, 0), column(3, 1), column(1, 2)])
+            .unwrap();
+        assert_eq!(out[0].shape(), &[2, 3, 1]);
+    }
+
+    #[test]
+    fn an_output_the_system_refuses_is_an_error_naming_its_op() {
+        use crate::ops::{Binary, BinaryKind};
+        let mut g = Graph::new(DType::F32, 2);
+        let v = g
+            .push(
+                "sum",
+                Box::new(Binary::new(BinaryKind::Add, None, false)),
+                vec![0, 1],
+            )
+            .unwrap();
+        g.set_outputs(vec![v]).unwrap();
+        let n = 1 << 21;
+        let err = g.run(vec![column(n, 0), column(n, 1)]).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+        let msg = err.to_string();
+        for part in [
+            "add: ",
+            "the output of shape [2097152, 2097152, 1]",
+            "input shapes [2097152, 1, 1], [1, 2097152, 1]",
+            "'sum'",
+        ] {
+            assert!(msg.contains(part), "{part} not in {msg}");
+        }
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_shape_errors_before_anything_is_allocated() {
+        // [2^21]^3 f32 is 2^65 bytes.
+        let n = 1 << 21;
+        let g = broadcast_chain(true);
+        let shapes = [vec![n, 1, 1], vec![1, n, 1], vec![1, 1, n]];
+        let err = g.memory_plan(&shapes).unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("[2097152, 2097152, 2097152]") && msg.contains("'xyz'"),
+            "{msg}"
+        );
+        let err = g
+            .run(vec![column(n, 0), column(n, 1), column(n, 2)])
+            .unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }), "{err}");
+        assert_eq!(
+            g.memory_plan(&[vec![2, 1, 1], vec![1, 3, 1], vec![1, 1, 4]])
+                .unwrap()
+                .arenas_allocated,
+            0
+        );
     }
 
     #[test]

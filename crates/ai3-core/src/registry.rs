@@ -172,14 +172,16 @@ fn winograd_supports(problem: &Problem) -> std::result::Result<(), String> {
 
 fn im2col_workspace(problem: &Problem, dtype: DType) -> usize {
     match problem {
-        Problem::Conv2d(p) => {
-            p.in_channels_per_group()
-                * p.kernel_h
-                * p.kernel_w
-                * p.out_h()
-                * p.out_w()
-                * dtype.size()
-        }
+        Problem::Conv2d(p) => [
+            p.in_channels_per_group(),
+            p.kernel_h,
+            p.kernel_w,
+            p.out_h(),
+            p.out_w(),
+            dtype.size(),
+        ]
+        .into_iter()
+        .fold(1, usize::saturating_mul),
         _ => 0,
     }
 }
@@ -187,7 +189,10 @@ fn im2col_workspace(problem: &Problem, dtype: DType) -> usize {
 /// Input spectra of a chunk of the batch plus per-thread accumulators, all complex.
 fn fft_workspace(problem: &Problem, dtype: DType) -> usize {
     match problem {
-        Problem::Conv2d(p) => fft::workspace_complex_elements(p) * 2 * dtype.size(),
+        // Saturating: an estimate, for sizes that may not fit.
+        Problem::Conv2d(p) => fft::workspace_complex_elements(p)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(2 * dtype.size()),
         _ => 0,
     }
 }
@@ -201,8 +206,11 @@ fn never(_: &Problem) -> bool {
 fn winograd_workspace(problem: &Problem, dtype: DType) -> usize {
     match problem {
         Problem::Conv2d(p) => {
-            let tiles = p.out_h().div_ceil(2) * p.out_w().div_ceil(2);
-            16 * tiles * (p.in_channels_per_group() + p.out_channels_per_group()) * dtype.size()
+            let tiles = p.out_h().div_ceil(2).saturating_mul(p.out_w().div_ceil(2));
+            let channels = p.in_channels_per_group() + p.out_channels_per_group();
+            [16, tiles, channels, dtype.size()]
+                .into_iter()
+                .fold(1, usize::saturating_mul)
         }
         _ => 0,
     }

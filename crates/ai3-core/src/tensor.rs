@@ -4,6 +4,8 @@
 use std::any::Any;
 use std::fmt;
 
+use ai3_kernels::alloc::{try_zeroed_vec, KernelError, Zeroable};
+
 use crate::dtype::{DType, Device, Element};
 use crate::error::{Error, Result};
 
@@ -13,6 +15,9 @@ pub const ALIGNMENT: usize = 64;
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Block([u8; ALIGNMENT]);
+
+// SAFETY: a plain array of bytes; zero bytes are a valid value.
+unsafe impl Zeroable for Block {}
 
 /// Memory behind a tensor.
 enum Storage {
@@ -39,8 +44,13 @@ unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
 
 impl Storage {
-    fn owned_zeroed(bytes: usize) -> Self {
-        Storage::Owned(vec![Block([0; ALIGNMENT]); bytes.div_ceil(ALIGNMENT)])
+    /// Zeroed, 64-byte aligned memory of at least `bytes`, or the
+    /// allocator's refusal.
+    fn owned_zeroed(bytes: usize) -> std::result::Result<Self, KernelError> {
+        Ok(Storage::Owned(try_zeroed_vec(
+            bytes.div_ceil(ALIGNMENT),
+            "tensor",
+        )?))
     }
 
     fn as_ptr(&self) -> *const u8 {
@@ -90,15 +100,39 @@ impl fmt::Debug for Tensor {
     }
 }
 
-/// Row-major strides of `shape`, in elements.
+/// Row-major strides of `shape`, in elements. They saturate rather than
+/// overflow, which only a shape with an empty dimension and a huge product
+/// of the others can reach, and such a tensor has no element to address.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![0isize; shape.len()];
     let mut acc = 1isize;
     for (s, &d) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
-        acc *= d.max(1) as isize;
+        acc = acc.saturating_mul(isize::try_from(d.max(1)).unwrap_or(isize::MAX));
     }
     strides
+}
+
+/// The number of elements of `shape`, or `None` when it overflows `usize`.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+/// Bytes of a contiguous `dtype` tensor of `shape`, or a [`Error::Shape`]
+/// (naming `op`) when that overflows what one allocation may hold.
+pub fn checked_bytes(op: &str, dtype: DType, shape: &[usize]) -> Result<usize> {
+    checked_numel(shape)
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::shape(
+                op,
+                format!(
+                    "a {dtype} tensor of shape {} needs more bytes than a 64-bit size can count",
+                    shape_str(shape)
+                ),
+            )
+        })
 }
 
 /// Formats a shape the way PyTorch prints it: `[2, 3, 4]`.
@@ -108,21 +142,43 @@ pub fn shape_str(shape: &[usize]) -> String {
 
 impl Tensor {
     /// A new owned, zero-filled, contiguous tensor on the CPU.
-    pub fn zeros(dtype: DType, shape: &[usize]) -> Self {
-        let numel: usize = shape.iter().product();
-        Tensor {
+    ///
+    /// A size that overflows is an [`Error::Shape`], memory the system
+    /// refuses an [`Error::OutOfMemory`] naming the bytes; both name the
+    /// operation `"tensor"` (callers that know which operation allocates
+    /// relabel it with [`Error::with_op`]). Never aborts.
+    ///
+    /// ```
+    /// use ai3_core::{DType, Error, Tensor};
+    /// assert_eq!(Tensor::zeros(DType::F32, &[2, 3]).unwrap().numel(), 6);
+    /// let huge = Tensor::zeros(DType::F32, &[1 << 20, 1 << 20, 1 << 10]);
+    /// assert!(matches!(huge, Err(Error::OutOfMemory { .. })), "4 PB");
+    /// let overflow = Tensor::zeros(DType::F32, &[1 << 31, 1 << 31]);
+    /// assert!(matches!(overflow, Err(Error::Shape { .. })), "2^64 bytes");
+    /// ```
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Self> {
+        let bytes = checked_bytes("tensor", dtype, shape)?;
+        let storage = Storage::owned_zeroed(bytes).map_err(|e| match e {
+            KernelError::Alloc { bytes, .. } => Error::out_of_memory(
+                "tensor",
+                &format!("a {dtype} tensor of shape {}", shape_str(shape)),
+                bytes,
+                "",
+            ),
+            other => Error::from_kernel("tensor", &format!("shape {}", shape_str(shape)), other),
+        })?;
+        Ok(Tensor {
             dtype,
             shape: shape.to_vec(),
             strides: contiguous_strides(shape),
             device: Device::Cpu,
-            storage: Storage::owned_zeroed(numel * dtype.size()),
-        }
+            storage,
+        })
     }
 
     /// A new owned CPU tensor holding a copy of `data`.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Self> {
-        let numel: usize = shape.iter().product();
-        if numel != data.len() {
+        if checked_numel(shape) != Some(data.len()) {
             return Err(Error::shape(
                 "tensor",
                 format!(
@@ -132,7 +188,7 @@ impl Tensor {
                 ),
             ));
         }
-        let mut t = Tensor::zeros(T::DTYPE, shape);
+        let mut t = Tensor::zeros(T::DTYPE, shape)?;
         t.as_mut_slice::<T>()?.copy_from_slice(data);
         Ok(t)
     }
@@ -167,27 +223,36 @@ impl Tensor {
                 format!("negative strides {strides:?} are not supported"),
             ));
         }
-        let numel: usize = shape.iter().product();
+        // A producer may describe more elements than memory can hold (a
+        // broadcast view with stride 0): their count and span must still fit.
+        let overflow = || {
+            Error::shape(
+                "tensor",
+                format!(
+                    "shape {} with strides {strides:?} has more elements than a 64-bit size can count",
+                    shape_str(&shape)
+                ),
+            )
+        };
+        let numel = checked_numel(&shape).ok_or_else(overflow)?;
         let span = if numel == 0 {
             0
         } else {
             shape
                 .iter()
                 .zip(&strides)
-                .map(|(&d, &s)| (d - 1) * s as usize)
-                .sum::<usize>()
-                + 1
+                .try_fold(1usize, |acc, (&d, &s)| {
+                    (d - 1).checked_mul(s as usize)?.checked_add(acc)
+                })
+                .ok_or_else(overflow)?
         };
+        let len = span.checked_mul(dtype.size()).ok_or_else(overflow)?;
         Ok(Tensor {
             dtype,
             shape,
             strides,
             device,
-            storage: Storage::Borrowed {
-                ptr,
-                len: span * dtype.size(),
-                owner,
-            },
+            storage: Storage::Borrowed { ptr, len, owner },
         })
     }
 
@@ -294,7 +359,7 @@ impl Tensor {
 
     /// The same data under another shape with as many elements (contiguous tensors only).
     pub fn reshape(self, shape: &[usize]) -> Result<Self> {
-        if shape.iter().product::<usize>() != self.numel() {
+        if checked_numel(shape) != Some(self.numel()) {
             return Err(Error::shape(
                 "reshape",
                 format!(
@@ -330,7 +395,7 @@ impl Tensor {
             Some(self.to_contiguous()?)
         };
         let src = src.as_ref().unwrap_or(self);
-        let mut out = Tensor::zeros(dtype, &self.shape);
+        let mut out = Tensor::zeros(dtype, &self.shape)?;
         match (src.dtype, dtype) {
             (DType::F32, DType::F32) => out.as_mut_slice()?.copy_from_slice(src.as_slice::<f32>()?),
             (DType::F64, DType::F64) => out.as_mut_slice()?.copy_from_slice(src.as_slice::<f64>()?),
@@ -363,7 +428,7 @@ impl Tensor {
                 format!("cannot copy a tensor on {} on the host", self.device),
             ));
         }
-        let mut out = Tensor::zeros(self.dtype, &self.shape);
+        let mut out = Tensor::zeros(self.dtype, &self.shape)?;
         let numel = self.numel();
         if numel == 0 {
             return Ok(out);
@@ -396,7 +461,7 @@ mod tests {
 
     #[test]
     fn owned_buffers_are_aligned_and_zeroed() {
-        let t = Tensor::zeros(DType::F32, &[3, 5]);
+        let t = Tensor::zeros(DType::F32, &[3, 5]).unwrap();
         assert_eq!(t.data_ptr() as usize % ALIGNMENT, 0);
         assert!(t.as_slice::<f32>().unwrap().iter().all(|&v| v == 0.0));
         assert!(t.is_contiguous());
@@ -428,14 +493,48 @@ mod tests {
 
     #[test]
     fn wrong_dtype_view_is_an_error_not_a_panic() {
-        let t = Tensor::zeros(DType::F64, &[2]);
+        let t = Tensor::zeros(DType::F64, &[2]).unwrap();
         assert!(t.as_slice::<f32>().is_err());
     }
 
     #[test]
     fn reshape_checks_element_count() {
-        let t = Tensor::zeros(DType::F32, &[2, 3]);
-        assert!(Tensor::zeros(DType::F32, &[2, 3]).reshape(&[5]).is_err());
+        let t = Tensor::zeros(DType::F32, &[2, 3]).unwrap();
+        assert!(t.reshape(&[5]).is_err());
+        // (2^63 + 3) * 2 wraps around to 6.
+        let t = Tensor::zeros(DType::F32, &[2, 3]).unwrap();
+        assert!(t.reshape(&[(1 << 63) + 3, 2]).is_err());
+        let t = Tensor::zeros(DType::F32, &[2, 3]).unwrap();
         assert_eq!(t.reshape(&[6]).unwrap().shape(), &[6]);
+    }
+
+    #[test]
+    fn sizes_that_do_not_fit_are_errors_not_aborts() {
+        // 2^42 f32 = 16 TB: far beyond any test machine's memory and swap.
+        let err = Tensor::zeros(DType::F32, &[1 << 21, 1 << 21]).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("17.6 TB (17592186044416 bytes)") && msg.contains("[2097152, 2097152]"),
+            "{msg}"
+        );
+        let err = Tensor::zeros(DType::F64, &[1 << 31, 1 << 30]).unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }), "{err}");
+        // An empty tensor whose other dimensions multiply past usize is fine.
+        let t = Tensor::zeros(DType::F32, &[0, 1 << 40, 1 << 40]).unwrap();
+        assert_eq!(t.numel(), 0);
+    }
+
+    #[test]
+    fn a_borrowed_view_whose_span_overflows_is_rejected() {
+        let mut data = [0f32; 1];
+        let ptr = data.as_mut_ptr() as *mut u8;
+        let view = |shape: Vec<usize>, strides: Vec<isize>| unsafe {
+            Tensor::from_raw_parts(ptr, DType::F32, shape, strides, Device::Cpu, Box::new(()))
+        };
+        assert!(view(vec![1 << 40, 1 << 40], vec![0, 0]).is_err());
+        assert!(view(vec![1 << 40, 2], vec![0, 1 << 62]).is_err());
+        // A broadcast view of one element is fine.
+        assert_eq!(view(vec![1 << 20, 8], vec![0, 0]).unwrap().numel(), 8 << 20);
     }
 }

@@ -19,6 +19,8 @@ pub trait Float:
     + Sum
     + AddAssign
     + MulAssign
+    // Zeroed memory from the allocator is a buffer of zeros (`alloc::try_zeroed_vec`).
+    + crate::alloc::Zeroable
     + 'static
 {
 }

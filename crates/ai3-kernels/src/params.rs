@@ -5,6 +5,8 @@
 //! validation against user input. Every struct describes a batched NCHW
 //! problem on contiguous buffers: unbatched input is passed with `batch = 1`.
 
+use crate::alloc::{check_len, checked_product, checked_sum, KernelError, KernelResult};
+
 /// Zero padding on each side of a 2-D image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub struct Padding2d {
@@ -107,29 +109,111 @@ impl Conv2dParams {
     pub fn output_len(&self) -> usize {
         self.batch * self.out_channels * self.out_h() * self.out_w()
     }
-    /// Multiply-accumulates of the direct definition (what the layer costs).
+    /// Multiply-accumulates of the direct definition (what the layer costs),
+    /// saturating at `usize::MAX`: it only guides threading decisions.
     pub fn macs(&self) -> usize {
-        self.output_len() * self.in_channels_per_group() * self.kernel_h * self.kernel_w
+        self.output_len()
+            .saturating_mul(self.in_channels_per_group())
+            .saturating_mul(self.kernel_h)
+            .saturating_mul(self.kernel_w)
     }
-    /// Debug-build check that a kernel's input, bias and output have this
-    /// layer's lengths (each kernel checks its own weight form).
-    pub fn debug_check_buffers(
+
+    /// Checks that every size derived from these parameters fits in `usize`
+    /// (dilated kernel, padded input, input, weight and output lengths), so
+    /// the unchecked accessors above cannot overflow, and that the output is
+    /// defined (positive strides, the dilated kernel within the padded input),
+    /// which the caller has validated with a message for the user.
+    ///
+    /// ```
+    /// use ai3_kernels::params::{Conv2dParams, Padding2d};
+    /// let mut p = Conv2dParams {
+    ///     batch: 1, in_channels: 3, in_h: 8, in_w: 8, out_channels: 4,
+    ///     kernel_h: 3, kernel_w: 3, stride: (1, 1), padding: Padding2d::symmetric(1, 1),
+    ///     dilation: (1, 1), groups: 1,
+    /// };
+    /// assert!(p.check_sizes().is_ok());
+    /// p.padding = Padding2d::symmetric(usize::MAX / 2, 1);
+    /// assert!(p.check_sizes().is_err());
+    /// ```
+    pub fn check_sizes(&self) -> KernelResult<()> {
+        let span = |k: usize, d: usize, what| {
+            k.checked_sub(1)
+                .and_then(|k| k.checked_mul(d))
+                .and_then(|s| s.checked_add(1))
+                .ok_or(KernelError::Overflow { what })
+        };
+        let eh = span(
+            self.kernel_h,
+            self.dilation.0,
+            "conv2d dilated kernel height",
+        )?;
+        let ew = span(
+            self.kernel_w,
+            self.dilation.1,
+            "conv2d dilated kernel width",
+        )?;
+        let ph = checked_sum(
+            "conv2d padded input height",
+            &[self.in_h, self.padding.top, self.padding.bottom],
+        )?;
+        let pw = checked_sum(
+            "conv2d padded input width",
+            &[self.in_w, self.padding.left, self.padding.right],
+        )?;
+        if ph < eh || pw < ew || self.stride.0 == 0 || self.stride.1 == 0 || self.groups == 0 {
+            return Err(KernelError::Precondition {
+                what: "conv2d needs positive strides and groups and a dilated kernel within the padded input",
+            });
+        }
+        checked_product(
+            "conv2d input size",
+            &[self.batch, self.in_channels, self.in_h, self.in_w],
+        )?;
+        checked_product(
+            "conv2d weight size",
+            &[
+                self.out_channels,
+                self.in_channels_per_group(),
+                self.kernel_h,
+                self.kernel_w,
+            ],
+        )?;
+        checked_product(
+            "conv2d output size",
+            &[
+                self.batch,
+                self.out_channels,
+                (ph - eh) / self.stride.0 + 1,
+                (pw - ew) / self.stride.1 + 1,
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Checks, in release builds too, that a kernel's input, bias and output
+    /// have this layer's lengths (each kernel checks its own weight form):
+    /// a few comparisons, made before anything is written.
+    pub fn check_buffers(
         &self,
         input_len: usize,
         bias_len: Option<usize>,
         output_len: usize,
-    ) {
-        debug_assert_eq!(input_len, self.input_len(), "conv2d input length");
-        debug_assert_eq!(output_len, self.output_len(), "conv2d output length");
-        debug_assert!(
-            bias_len.is_none_or(|b| b == self.out_channels),
-            "conv2d bias length"
-        );
+    ) -> KernelResult<()> {
+        self.check_sizes()?;
+        check_len("conv2d input", input_len, self.input_len())?;
+        check_len("conv2d output", output_len, self.output_len())?;
+        if let Some(b) = bias_len {
+            check_len("conv2d bias", b, self.out_channels)?;
+        }
+        Ok(())
     }
 }
 
 /// Output length of one pooled dimension, following PyTorch's rule: with
 /// `ceil_mode` the last window must start inside the input or left padding.
+///
+/// The caller has checked that the dilated window fits in the padded input
+/// without overflow (`input + 2 * padding >= dilation * (kernel - 1) + 1`).
 pub fn pooled_len(
     input: usize,
     kernel: usize,
@@ -145,7 +229,9 @@ pub fn pooled_len(
     } else {
         room / stride + 1
     };
-    if ceil_mode && (out - 1) * stride >= input + padding {
+    // Saturating: with a stride near usize::MAX the product may not fit, and
+    // then the window certainly starts past the input.
+    if ceil_mode && (out - 1).saturating_mul(stride) >= input + padding {
         out -= 1;
     }
     out
@@ -206,6 +292,15 @@ impl Pool2dParams {
     pub fn output_len(&self) -> usize {
         self.batch * self.channels * self.out_h() * self.out_w()
     }
+    /// Checks, in release builds too, that a kernel's input and output have
+    /// these lengths, computing them without overflow.
+    pub fn check_buffers(&self, input_len: usize, output_len: usize) -> KernelResult<()> {
+        let (b, c) = (self.batch, self.channels);
+        let want_in = checked_product("pool input size", &[b, c, self.in_h, self.in_w])?;
+        let want_out = checked_product("pool output size", &[b, c, self.out_h(), self.out_w()])?;
+        check_len("pool input", input_len, want_in)?;
+        check_len("pool output", output_len, want_out)
+    }
 }
 
 /// What average pooling divides each window's sum by.
@@ -243,6 +338,15 @@ impl AdaptivePool2dParams {
     pub fn output_len(&self) -> usize {
         self.batch * self.channels * self.out_h * self.out_w
     }
+    /// Checks, in release builds too, that a kernel's input and output have
+    /// these lengths, computing them without overflow.
+    pub fn check_buffers(&self, input_len: usize, output_len: usize) -> KernelResult<()> {
+        let (b, c) = (self.batch, self.channels);
+        let want_in = checked_product("pool input size", &[b, c, self.in_h, self.in_w])?;
+        let want_out = checked_product("pool output size", &[b, c, self.out_h, self.out_w])?;
+        check_len("pool input", input_len, want_in)?;
+        check_len("pool output", output_len, want_out)
+    }
 }
 
 /// A fully connected layer: input `[rows, in_features]`, weight
@@ -256,6 +360,39 @@ pub struct LinearParams {
     pub in_features: usize,
     /// Output features.
     pub out_features: usize,
+}
+
+impl LinearParams {
+    /// Checks, in release builds too, that a kernel's input, weight, bias and
+    /// output have these lengths, computing them without overflow.
+    pub fn check_buffers(
+        &self,
+        input_len: usize,
+        weight_len: usize,
+        bias_len: Option<usize>,
+        output_len: usize,
+    ) -> KernelResult<()> {
+        let (r, i, o) = (self.rows, self.in_features, self.out_features);
+        check_len(
+            "linear input",
+            input_len,
+            checked_product("linear input size", &[r, i])?,
+        )?;
+        check_len(
+            "linear weight",
+            weight_len,
+            checked_product("linear weight size", &[o, i])?,
+        )?;
+        check_len(
+            "linear output",
+            output_len,
+            checked_product("linear output size", &[r, o])?,
+        )?;
+        if let Some(b) = bias_len {
+            check_len("linear bias", b, o)?;
+        }
+        Ok(())
+    }
 }
 
 /// The NumPy/PyTorch broadcast of two shapes (aligned at the trailing

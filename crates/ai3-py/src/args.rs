@@ -70,7 +70,8 @@ pub(crate) fn import_weight(
     if !copy && t.dtype() == dtype && t.is_contiguous() {
         return Ok(t);
     }
-    t.to_dtype(dtype).map_err(to_py)
+    // A copy that cannot be made names the layer, not the tensor.
+    t.to_dtype(dtype).map_err(|e| to_py(e.with_op(op)))
 }
 
 /// Parses one reshape size expression: `("const", v)`, `("dim", input, axis)`,

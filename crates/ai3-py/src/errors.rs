@@ -1,7 +1,8 @@
 //! The one mapping from ai3's Rust errors to Python exceptions.
 //!
 //! The exception classes live in `ai3/errors.py` so that they can inherit
-//! from both `ai3.Error` and the matching builtin (`ValueError`, `TypeError`).
+//! from both `ai3.Error` and the matching builtin (`ValueError`, `TypeError`,
+//! `MemoryError`).
 
 use ai3_core::Error;
 use pyo3::exceptions::PyRuntimeError;
@@ -17,6 +18,7 @@ pub fn to_py(err: Error) -> PyErr {
         Error::Device { .. } => "DeviceError",
         Error::Custom { .. } => "CustomError",
         Error::Internal { .. } => "InternalError",
+        Error::OutOfMemory { .. } => "OutOfMemoryError",
     };
     let msg = err.to_string();
     Python::attach(|py| {

@@ -5,7 +5,7 @@ use ai3_kernels::cpu::activation::{map, map_inplace};
 use ai3_kernels::custom;
 use ai3_kernels::Float;
 
-use super::{custom_result, simple_algorithm, single, with_dtype, Operation};
+use super::{custom_result, kernel_result, simple_algorithm, single, with_dtype, Operation};
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind, Request};
 use crate::tensor::Tensor;
@@ -173,9 +173,13 @@ impl ActivationKind {
         with_scalar_fn!(*self, T, call(x))
     }
 
-    /// `output[i] = activation(input[i])`, every element written.
-    pub fn apply_to<T: Float>(&self, input: &[T], output: &mut [T]) {
-        with_scalar_fn!(*self, T, map(input, output))
+    /// `output[i] = activation(input[i])`, every element written; slices of
+    /// different lengths are an [`Error::Internal`].
+    pub fn apply_to<T: Float>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        let done = with_scalar_fn!(*self, T, map(input, output));
+        kernel_result(self.op_kind(), done, || {
+            format!("{} input and {} output elements", input.len(), output.len())
+        })
     }
 
     /// The activation applied in place, e.g. to a convolution's output.
@@ -232,7 +236,7 @@ impl Operation for Activation {
                 (Algorithm::Custom, ActivationKind::Relu) => {
                     custom_result(self.kind(), x.shape(), custom::relu(x.shape(), src, dst))?
                 }
-                _ => self.kind.apply_to::<T>(src, dst),
+                _ => self.kind.apply_to::<T>(src, dst)?,
             }
         });
         Ok(())
@@ -271,7 +275,7 @@ mod tests {
             ActivationKind::Silu,
         ] {
             let op = Activation::new(kind).unwrap();
-            let mut out = Tensor::zeros(DType::F64, &[2, 3]);
+            let mut out = Tensor::zeros(DType::F64, &[2, 3]).unwrap();
             op.forward(&[&x], &mut out).unwrap();
             let want: Vec<f64> = x
                 .as_slice::<f64>()
@@ -314,7 +318,7 @@ mod tests {
                     Request::Named(algo),
                 )
                 .unwrap();
-                let mut out = Tensor::zeros(DType::F32, &[1, 2, 4, 4]);
+                let mut out = Tensor::zeros(DType::F32, &[1, 2, 4, 4]).unwrap();
                 c.with_activation(act).forward(&[&x], &mut out).unwrap();
                 out.as_slice::<f32>().unwrap().to_vec()
             };
@@ -328,7 +332,7 @@ mod tests {
             .unwrap()
             .with_activation(Some(ActivationKind::Relu));
         let x = Tensor::from_slice(&[1.0f64, 3.0], &[1, 2]).unwrap();
-        let mut out = Tensor::zeros(DType::F64, &[1, 2]);
+        let mut out = Tensor::zeros(DType::F64, &[1, 2]).unwrap();
         lin.forward(&[&x], &mut out).unwrap();
         assert_eq!(out.as_slice::<f64>().unwrap(), &[0.0, 3.5]);
     }

@@ -4,7 +4,7 @@ use ai3_kernels::cpu::binary;
 use ai3_kernels::params::broadcast_shape;
 
 use super::activation::with_scalar_fn;
-use super::{elements, elements_mut, with_dtype, ActivationKind, Operation};
+use super::{elements, elements_mut, kernel_result, with_dtype, ActivationKind, Operation};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
@@ -134,7 +134,7 @@ fn run_then<T: Element, G: Fn(T) -> T + Sync + Copy>(
     post: G,
 ) -> Result<()> {
     let out = elements_mut::<T>(output)?;
-    match (inputs, op.scalar) {
+    let done = match (inputs, op.scalar) {
         ([x], Some(s)) => {
             let s = T::from_f64(s).unwrap_or_else(T::nan);
             let first = op.scalar_first;
@@ -166,8 +166,11 @@ fn run_then<T: Element, G: Fn(T) -> T + Sync + Copy>(
             )
         ),
         _ => return Err(op.arity_error(inputs.len())),
-    }
-    Ok(())
+    };
+    kernel_result(op.kind.op_kind(), done, || {
+        let shapes: Vec<String> = inputs.iter().map(|t| shape_str(t.shape())).collect();
+        format!("input shapes {}", shapes.join(", "))
+    })
 }
 
 impl Operation for Binary {
@@ -207,7 +210,7 @@ mod tests {
 
     fn run(op: &Binary, inputs: &[&Tensor]) -> Result<Tensor> {
         let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
-        let mut out = Tensor::zeros(inputs[0].dtype(), &op.output_shape(&shapes)?);
+        let mut out = Tensor::zeros(inputs[0].dtype(), &op.output_shape(&shapes)?).unwrap();
         op.forward(inputs, &mut out)?;
         Ok(out)
     }

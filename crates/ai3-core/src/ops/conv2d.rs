@@ -3,15 +3,17 @@
 
 use std::sync::OnceLock;
 
+use ai3_kernels::alloc::checked_sum;
 use ai3_kernels::cpu::conv2d::{direct, fft, gemm, smm, winograd};
 use ai3_kernels::cpu::pad::pad2d;
 pub use ai3_kernels::cpu::pad::PadMode;
 use ai3_kernels::custom;
 use ai3_kernels::params::{Conv2dParams, Padding2d};
+use ai3_kernels::{KernelError, KernelResult};
 
 use super::{
-    check_positive, check_weight_dtype, custom_result, image_dims, image_shape, single, with_dtype,
-    ActivationKind, Operation,
+    check_positive, check_weight_dtype, custom_result, image_dims, image_shape, kernel_result,
+    single, with_dtype, ActivationKind, Operation,
 };
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
@@ -67,6 +69,14 @@ impl Conv2d {
         check_positive(OP, "stride", &[stride.0, stride.1])?;
         check_positive(OP, "dilation", &[dilation.0, dilation.1])?;
         check_positive(OP, "groups", &[groups])?;
+        let (Some(eh), Some(ew)) = (dilated(kh, dilation.0), dilated(kw, dilation.1)) else {
+            return Err(Error::invalid(
+                OP.name(),
+                format!(
+                    "dilation {dilation:?} with a kernel of size ({kh}, {kw}) spans more than a 64-bit size can count"
+                ),
+            ));
+        };
         if weight.numel() == 0 {
             return Err(Error::shape(
                 OP.name(),
@@ -105,19 +115,23 @@ impl Conv2d {
             activation: None,
         };
         if let Request::Named(algo) = request {
-            // An input large enough for any kernel, so only shape-independent constraints can fail.
+            // An input large enough for any kernel, so only shape-independent
+            // constraints can fail. With a padding whose sum with it overflows
+            // no input fits, which the first call reports with its shapes.
             let probe = conv.kernel_params(
                 1,
                 conv.in_channels(),
-                kh * dilation.0 + 8,
-                kw * dilation.1 + 8,
+                eh.saturating_add(8),
+                ew.saturating_add(8),
             );
-            registry::resolve(
-                OP,
-                Request::Named(algo),
-                DeviceKind::Cpu,
-                &Problem::Conv2d(probe),
-            )?;
+            if let Ok(probe) = probe {
+                registry::resolve(
+                    OP,
+                    Request::Named(algo),
+                    DeviceKind::Cpu,
+                    &Problem::Conv2d(probe),
+                )?;
+            }
         }
         Ok(conv)
     }
@@ -140,13 +154,23 @@ impl Conv2d {
 
     /// Kernel-level parameters: zero padding stays implicit, other modes are
     /// materialised before the kernel runs, so the kernel sees no padding.
-    fn kernel_params(&self, batch: usize, channels: usize, h: usize, w: usize) -> Conv2dParams {
+    /// A padded size that overflows is an error.
+    fn kernel_params(
+        &self,
+        batch: usize,
+        channels: usize,
+        h: usize,
+        w: usize,
+    ) -> KernelResult<Conv2dParams> {
         let ws = self.weight.shape();
+        let pad = self.padding;
+        const PADDED_H: &str = "conv2d padded input height";
+        const PADDED_W: &str = "conv2d padded input width";
         let (in_h, in_w, padding) = match self.padding_mode {
-            PadMode::Zeros => (h, w, self.padding),
+            PadMode::Zeros => (h, w, pad),
             _ => (
-                h + self.padding.top + self.padding.bottom,
-                w + self.padding.left + self.padding.right,
+                checked_sum(PADDED_H, &[h, pad.top, pad.bottom])?,
+                checked_sum(PADDED_W, &[w, pad.left, pad.right])?,
                 Padding2d::default(),
             ),
         };
@@ -163,17 +187,42 @@ impl Conv2d {
             dilation: self.dilation,
             groups: self.groups,
         };
+        // Checked here, so the unchecked accessors of `p` cannot overflow.
+        let overflow = |what| KernelError::Overflow { what };
+        let eh =
+            dilated(p.kernel_h, p.dilation.0).ok_or(overflow("conv2d dilated kernel height"))?;
+        let ew =
+            dilated(p.kernel_w, p.dilation.1).ok_or(overflow("conv2d dilated kernel width"))?;
+        let ph = checked_sum(PADDED_H, &[in_h, padding.top, padding.bottom])?;
+        let pw = checked_sum(PADDED_W, &[in_w, padding.left, padding.right])?;
         // A stride past the last window start computes the same single window
         // as the smallest such stride; kernels size buffers by the stride
         // (a stride of 10^12 would ask for terabytes), so they get the small one.
         let fit = |stride: usize, padded: usize, span: usize| {
             stride.min(padded.saturating_sub(span) + 1).max(1)
         };
-        p.stride = (
-            fit(p.stride.0, p.padded_h(), p.effective_kernel_h()),
-            fit(p.stride.1, p.padded_w(), p.effective_kernel_w()),
-        );
-        p
+        p.stride = (fit(p.stride.0, ph, eh), fit(p.stride.1, pw, ew));
+        Ok(p)
+    }
+
+    /// The shapes and hyperparameters behind a problem, for messages.
+    fn context(&self, shape: &[usize]) -> String {
+        let p = self.padding;
+        let padding = if p.top == p.bottom && p.left == p.right {
+            format!("({}, {})", p.top, p.left)
+        } else {
+            format!(
+                "(top {}, bottom {}, left {}, right {})",
+                p.top, p.bottom, p.left, p.right
+            )
+        };
+        format!(
+            "input shape {}, weight shape {}, padding {padding}, stride {:?}, dilation {:?}",
+            shape_str(shape),
+            shape_str(self.weight.shape()),
+            self.stride,
+            self.dilation
+        )
     }
 
     /// Validates an input shape against the layer; returns the kernel parameters and batching.
@@ -216,7 +265,7 @@ impl Conv2d {
             }
             _ => {}
         }
-        let p = self.kernel_params(n, c, h, w);
+        let p = kernel_result(OP, self.kernel_params(n, c, h, w), || self.context(shape))?;
         if p.padded_h() < p.effective_kernel_h() || p.padded_w() < p.effective_kernel_w() {
             return Err(Error::shape(
                 OP.name(),
@@ -233,6 +282,8 @@ impl Conv2d {
                 ),
             ));
         }
+        // The input, weight and output sizes fit too.
+        kernel_result(OP, p.check_sizes(), || self.context(shape))?;
         Ok((p, batched))
     }
 
@@ -240,9 +291,12 @@ impl Conv2d {
         registry::resolve(OP, self.request, DeviceKind::Cpu, &Problem::Conv2d(*p))
     }
 
+    /// Runs the kernel of the algorithm `p` resolves to; `shape` is the
+    /// layer's input shape, for messages.
     fn run<T: crate::dtype::Element>(
         &self,
         p: &Conv2dParams,
+        shape: &[usize],
         x: &[T],
         out: &mut [T],
     ) -> Result<()> {
@@ -251,9 +305,12 @@ impl Conv2d {
             Some(b) => Some(b.as_slice::<T>()?),
             None => None,
         };
-        match self.algorithm(p)? {
+        let algorithm = self.algorithm(p)?;
+        let context = || format!("{}, algorithm '{algorithm}'", self.context(shape));
+        let done = match algorithm {
             Algorithm::Direct => {
-                let packed = prepared(&self.direct_packed, direct::packed_len(p), |d| {
+                let len = kernel_result(OP, direct::packed_len(p), context)?;
+                let packed = prepared(&self.direct_packed, len, context, |d| {
                     direct::pack(p, w, b, d)
                 })?;
                 direct::conv2d_packed(p, x, packed, out)
@@ -262,38 +319,58 @@ impl Conv2d {
             Algorithm::Gemm => gemm::conv2d(p, x, w, b, out),
             Algorithm::Fft => fft::conv2d(p, x, w, b, out),
             Algorithm::Winograd => {
-                let filter = prepared(
-                    &self.winograd_filter,
-                    winograd::transformed_filter_len(p),
-                    |u| winograd::transform_filter_into(p, w, u),
-                )?;
+                let len = kernel_result(OP, winograd::transformed_filter_len(p), context)?;
+                let filter = prepared(&self.winograd_filter, len, context, |u| {
+                    winograd::transform_filter_into(p, w, u)
+                })?;
                 winograd::conv2d(p, x, filter, b, out)
             }
             Algorithm::Custom => {
                 let shape = [p.batch, p.in_channels, p.in_h, p.in_w];
-                custom_result(OP, &shape, custom::conv2d(p, x, w, b, out))?
+                return custom_result(OP, &shape, custom::conv2d(p, x, w, b, out));
             }
-        }
-        Ok(())
+        };
+        kernel_result(OP, done, context)
     }
 }
 
 /// Weights an algorithm prepares once, on first use, and keeps in `cell`:
 /// `len` elements written by `fill`. They depend only on the weight's
 /// geometry, so every input size shares them.
+///
+/// A failure (memory refused, a kernel error) is returned and nothing is
+/// cached, so the next call tries again: weights that were never written are
+/// never used. Two threads may both prepare them on a first call; the
+/// first to finish is kept, the other's work is dropped.
 fn prepared<T: crate::dtype::Element>(
     cell: &OnceLock<Tensor>,
     len: usize,
-    fill: impl FnOnce(&mut [T]),
+    context: impl Fn() -> String,
+    fill: impl FnOnce(&mut [T]) -> KernelResult<()>,
 ) -> Result<&[T]> {
-    cell.get_or_init(|| {
-        let mut t = Tensor::zeros(T::DTYPE, &[len]);
-        if let Ok(data) = t.as_mut_slice::<T>() {
-            fill(data);
-        }
-        t
-    })
-    .as_slice::<T>()
+    if let Some(t) = cell.get() {
+        return t.as_slice::<T>();
+    }
+    let mut t = Tensor::zeros(T::DTYPE, &[len]).map_err(|e| {
+        let ctx = context();
+        e.with_op(OP.name())
+            .map_msg(|m| format!("{m} (the prepared weights; {ctx})"))
+    })?;
+    let filled = fill(t.as_mut_slice::<T>()?);
+    if let Err(e) = filled {
+        return Err(Error::from_kernel(OP.name(), &context(), e));
+    }
+    // Set fails only when another thread set it first: its weights are the same.
+    let _ = cell.set(t);
+    cell.get()
+        .ok_or_else(|| Error::internal(OP.name(), "prepared weights vanished"))?
+        .as_slice::<T>()
+}
+
+/// `(k - 1) * d + 1`, the extent of a kernel of size `k` with dilation `d`,
+/// or `None` when it overflows.
+fn dilated(k: usize, d: usize) -> Option<usize> {
+    k.checked_sub(1)?.checked_mul(d)?.checked_add(1)
 }
 
 impl Operation for Conv2d {
@@ -325,13 +402,23 @@ impl Operation for Conv2d {
         let x = single(OP, inputs)?;
         check_weight_dtype(OP, "input", x, self.weight.dtype())?;
         let (p, _) = self.params_for(x.shape())?;
+        let shape = x.shape();
         with_dtype!(x.dtype(), T, {
             if self.padding_mode == PadMode::Zeros {
-                self.run::<T>(&p, x.as_slice()?, output.as_mut_slice()?)?;
+                self.run::<T>(&p, shape, x.as_slice()?, output.as_mut_slice()?)?;
             } else {
-                let (_, c, h, w, _) = image_dims(OP, x.shape())?;
-                let mut padded = Tensor::zeros(x.dtype(), &[p.batch, c, p.in_h, p.in_w]);
-                pad2d::<T>(
+                let (_, c, h, w, _) = image_dims(OP, shape)?;
+                let mut padded =
+                    Tensor::zeros(x.dtype(), &[p.batch, c, p.in_h, p.in_w]).map_err(|e| {
+                        e.with_op(OP.name()).map_msg(|m| {
+                            format!(
+                                "{m} (the input padded with padding_mode='{}'; {})",
+                                self.padding_mode.name(),
+                                self.context(shape)
+                            )
+                        })
+                    })?;
+                let filled = pad2d::<T>(
                     self.padding_mode,
                     p.batch * c,
                     h,
@@ -340,12 +427,92 @@ impl Operation for Conv2d {
                     x.as_slice()?,
                     padded.as_mut_slice()?,
                 );
-                self.run::<T>(&p, padded.as_slice()?, output.as_mut_slice()?)?;
+                kernel_result(OP, filled, || self.context(shape))?;
+                self.run::<T>(&p, shape, padded.as_slice()?, output.as_mut_slice()?)?;
             }
             if let Some(a) = self.activation {
                 a.apply_inplace::<T>(output.as_mut_slice()?);
             }
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> String {
+        "input shape [1, 3, 8, 8]".into()
+    }
+
+    #[test]
+    fn prepared_weights_that_fail_are_an_error_and_never_cached() {
+        let cell = OnceLock::new();
+        // The fill fails: an error, nothing kept, no zero weights handed out.
+        let failed = prepared::<f32>(&cell, 4, ctx, |_| {
+            Err(KernelError::Precondition { what: "test" })
+        });
+        assert!(matches!(failed, Err(Error::Internal { .. })), "{failed:?}");
+        assert!(cell.get().is_none());
+        // The memory is refused (2^62 bytes): an out-of-memory error naming conv2d.
+        let refused = prepared::<f32>(&cell, 1 << 60, ctx, |_| Ok(()));
+        match refused {
+            Err(e @ Error::OutOfMemory { .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.starts_with("conv2d: ") && msg.contains("bytes"),
+                    "{msg}"
+                );
+                assert!(msg.contains("input shape [1, 3, 8, 8]"), "{msg}");
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        assert!(cell.get().is_none());
+        // The next call succeeds and is kept; later calls reuse it.
+        let ok = prepared::<f32>(&cell, 3, ctx, |d| {
+            d.fill(2.0);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(ok, &[2.0; 3]);
+        let again = prepared::<f32>(&cell, 3, ctx, |_| panic!("prepared twice")).unwrap();
+        assert_eq!(again, &[2.0; 3]);
+    }
+
+    fn layer(padding: usize, dilation: usize) -> Result<Conv2d> {
+        Conv2d::new(
+            Tensor::from_slice(&[1.0f32; 4 * 3 * 3 * 3], &[4, 3, 3, 3])?,
+            None,
+            (1, 1),
+            Padding2d::symmetric(padding, padding),
+            (dilation, dilation),
+            1,
+            PadMode::Zeros,
+            Request::Default,
+        )
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_shape_errors() {
+        // The padded height overflows usize.
+        let conv = layer(usize::MAX / 2, 1).unwrap();
+        let err = conv.output_shape(&[&[1, 3, 8, 8]]).unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }), "{err}");
+        assert!(err.to_string().contains("[1, 3, 8, 8]"), "{err}");
+        // The padded plane fits, the output does not: (2^33)^2 * 4 channels.
+        let conv = layer(1 << 32, 1).unwrap();
+        let err = conv.output_shape(&[&[1, 3, 8, 8]]).unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }), "{err}");
+        // A dilated kernel wider than a 64-bit size is refused when built.
+        let err = layer(0, usize::MAX / 2 + 1).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        // A huge dilation that fits is PyTorch's "kernel larger than input".
+        let conv = layer(0, 1 << 40).unwrap();
+        let err = conv.output_shape(&[&[1, 3, 8, 8]]).unwrap_err();
+        assert!(
+            err.to_string().contains("larger than the padded input"),
+            "{err}"
+        );
     }
 }

@@ -4,7 +4,9 @@ use ai3_kernels::cpu::linear;
 use ai3_kernels::custom;
 use ai3_kernels::params::LinearParams;
 
-use super::{check_weight_dtype, custom_result, single, with_dtype, ActivationKind, Operation};
+use super::{
+    check_weight_dtype, custom_result, kernel_result, single, with_dtype, ActivationKind, Operation,
+};
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
@@ -138,7 +140,16 @@ impl Operation for Linear {
             };
             let (w, out) = (self.weight.as_slice::<T>()?, output.as_mut_slice::<T>()?);
             match algorithm {
-                Algorithm::Gemm => linear::gemm::<T>(&p, x.as_slice()?, w, b, out),
+                Algorithm::Gemm => {
+                    let done = linear::gemm::<T>(&p, x.as_slice()?, w, b, out);
+                    kernel_result(OP, done, || {
+                        format!(
+                            "input shape {}, weight shape {}",
+                            shape_str(x.shape()),
+                            shape_str(self.weight.shape())
+                        )
+                    })?
+                }
                 Algorithm::Custom => custom_result(
                     OP,
                     x.shape(),

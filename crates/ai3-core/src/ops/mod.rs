@@ -4,6 +4,7 @@
 use std::fmt;
 
 use ai3_kernels::custom::CustomError;
+use ai3_kernels::KernelResult;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -204,6 +205,16 @@ pub(crate) fn simple_algorithm(op: OpKind, request: Request) -> Result<Algorithm
     )
 }
 
+/// A kernel's result as ai3's, through the one mapping ([`Error::from_kernel`]):
+/// `context`, built only on failure, states the shapes.
+pub(crate) fn kernel_result<T>(
+    op: OpKind,
+    result: KernelResult<T>,
+    context: impl FnOnce() -> String,
+) -> Result<T> {
+    result.map_err(|e| Error::from_kernel(op.name(), &context(), e))
+}
+
 /// Maps what the user's C++ kernel reported to ai3's errors, naming the input shape.
 pub(crate) fn custom_result(
     op: OpKind,
@@ -222,6 +233,11 @@ pub(crate) fn custom_result(
         Err(CustomError::Failed(msg)) => Err(Error::custom(
             op.name(),
             format!("{msg} (input of shape {})", shape_str(shape)),
+        )),
+        Err(CustomError::Kernel(e)) => Err(Error::from_kernel(
+            op.name(),
+            &format!("input of shape {}", shape_str(shape)),
+            e,
         )),
     }
 }

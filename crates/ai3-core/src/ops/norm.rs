@@ -3,7 +3,7 @@
 use ai3_kernels::cpu::norm::{self, scale_shift};
 
 use super::activation::with_scalar_fn;
-use super::{check_weight_dtype, single, with_dtype, ActivationKind, Operation};
+use super::{check_weight_dtype, kernel_result, single, with_dtype, ActivationKind, Operation};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
@@ -146,10 +146,13 @@ impl Operation for BatchNorm2d {
         with_dtype!(x.dtype(), T, {
             let (scale, shift) = (self.scale.as_slice::<T>()?, self.shift.as_slice::<T>()?);
             let (x, out) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
-            match self.activation {
+            let done = match self.activation {
                 Some(a) => with_scalar_fn!(a, T, scale_shift(c, inner, scale, shift, x, out)),
                 None => scale_shift(c, inner, scale, shift, x, out, |v| v),
-            }
+            };
+            kernel_result(OpKind::BatchNorm2d, done, || {
+                format!("input of {} elements, {c} channels", x.len())
+            })?
         });
         Ok(())
     }
@@ -257,7 +260,11 @@ impl Operation for LayerNorm {
                 .map(|t| t.as_slice::<T>())
                 .transpose()?;
             let b = self.bias.as_ref().map(|t| t.as_slice::<T>()).transpose()?;
-            norm::layernorm::<T>(cols, self.eps, w, b, x.as_slice()?, output.as_mut_slice()?)
+            let done =
+                norm::layernorm::<T>(cols, self.eps, w, b, x.as_slice()?, output.as_mut_slice()?);
+            kernel_result(OpKind::LayerNorm, done, || {
+                format!("input shape {}", shape_str(x.shape()))
+            })?
         });
         Ok(())
     }
@@ -279,7 +286,7 @@ mod tests {
         )
         .unwrap();
         let x = Tensor::from_slice(&[3.0f32, 5.0, 0.0, 1.0], &[1, 2, 2, 1]).unwrap();
-        let mut out = Tensor::zeros(DType::F32, &[1, 2, 2, 1]);
+        let mut out = Tensor::zeros(DType::F32, &[1, 2, 2, 1]).unwrap();
         bn.forward(&[&x], &mut out).unwrap();
         assert_eq!(out.as_slice::<f32>().unwrap(), &[2.5, 4.5, 1.0, 2.0]);
         let err = bn.output_shape(&[&[1, 3, 2, 2]]).unwrap_err().to_string();
@@ -296,7 +303,7 @@ mod tests {
         assert_eq!(ln.output_shape(&[&[2, 3]]).unwrap(), vec![2, 3]);
         let err = ln.output_shape(&[&[3, 2]]).unwrap_err().to_string();
         assert!(err.contains("[3, 2]"), "{err}");
-        let w = Tensor::zeros(DType::F32, &[4]);
+        let w = Tensor::zeros(DType::F32, &[4]).unwrap();
         assert!(LayerNorm::new(vec![3], Some(w), None, 1e-5).is_err());
     }
 }

@@ -5,8 +5,8 @@ use ai3_kernels::custom::{self, CustomError};
 use ai3_kernels::params::{AdaptivePool2dParams, AvgPoolOptions, Pool2dParams};
 
 use super::{
-    check_positive, custom_result, image_dims, image_shape, simple_algorithm, single, with_dtype,
-    Operation,
+    check_positive, custom_result, image_dims, image_shape, kernel_result, simple_algorithm,
+    single, with_dtype, Operation,
 };
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind, Request};
@@ -28,13 +28,31 @@ pub struct Window {
 }
 
 impl Window {
+    /// The dilated window `(h, w)`, or an error when it overflows (a huge
+    /// dilation or kernel size).
+    fn spans(&self, op: OpKind) -> Result<(usize, usize)> {
+        let span = |k: usize, d: usize| k.checked_sub(1)?.checked_mul(d)?.checked_add(1);
+        match (
+            span(self.kernel.0, self.dilation.0),
+            span(self.kernel.1, self.dilation.1),
+        ) {
+            (Some(h), Some(w)) => Ok((h, w)),
+            _ => Err(Error::invalid(
+                op.name(),
+                format!(
+                    "kernel_size {:?} with dilation {:?} spans more than a 64-bit size can count",
+                    self.kernel, self.dilation
+                ),
+            )),
+        }
+    }
+
     fn check(&self, op: OpKind) -> Result<()> {
         check_positive(op, "kernel_size", &[self.kernel.0, self.kernel.1])?;
         check_positive(op, "stride", &[self.stride.0, self.stride.1])?;
         check_positive(op, "dilation", &[self.dilation.0, self.dilation.1])?;
         // PyTorch's rule: padding at most half of the (dilated) window.
-        let span_h = self.dilation.0 * (self.kernel.0 - 1) + 1;
-        let span_w = self.dilation.1 * (self.kernel.1 - 1) + 1;
+        let (span_h, span_w) = self.spans(op)?;
         if self.padding.0 > span_h / 2 || self.padding.1 > span_w / 2 {
             return Err(Error::invalid(
                 op.name(),
@@ -60,9 +78,23 @@ impl Window {
             dilation: self.dilation,
             ceil_mode: self.ceil_mode,
         };
-        let span_h = self.dilation.0 * (self.kernel.0 - 1) + 1;
-        let span_w = self.dilation.1 * (self.kernel.1 - 1) + 1;
-        if h + 2 * self.padding.0 < span_h || w + 2 * self.padding.1 < span_w {
+        let (span_h, span_w) = self.spans(op)?;
+        // Padding is at most half the span (checked at construction), so
+        // `2 * padding` fits; the sum with the input may not.
+        let (Some(ph), Some(pw)) = (
+            h.checked_add(2 * self.padding.0),
+            w.checked_add(2 * self.padding.1),
+        ) else {
+            return Err(Error::shape(
+                op.name(),
+                format!(
+                    "the padded input overflows a 64-bit size; input shape {}, padding {:?}",
+                    shape_str(shape),
+                    self.padding
+                ),
+            ));
+        };
+        if ph < span_h || pw < span_w {
             return Err(Error::shape(
                 op.name(),
                 format!(
@@ -135,7 +167,11 @@ impl Operation for MaxPool2d {
                     x.shape(),
                     custom::maxpool2d(&p, src, dst),
                 )?,
-                _ => pool::maxpool2d::<T>(&p, src, dst),
+                _ => kernel_result(
+                    OpKind::MaxPool2d,
+                    pool::maxpool2d::<T>(&p, src, dst),
+                    || format!("input shape {}", shape_str(x.shape())),
+                )?,
             }
         });
         Ok(())
@@ -200,7 +236,11 @@ impl Operation for AvgPool2d {
                     x.shape(),
                     custom::avgpool2d(&p, &self.options, src, dst),
                 )?,
-                _ => pool::avgpool2d::<T>(&p, &self.options, src, dst),
+                _ => kernel_result(
+                    OpKind::AvgPool2d,
+                    pool::avgpool2d::<T>(&p, &self.options, src, dst),
+                    || format!("input shape {}", shape_str(x.shape())),
+                )?,
             }
         });
         Ok(())
@@ -281,7 +321,9 @@ macro_rules! adaptive_pool {
                     let (src, dst) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
                     match self.algorithm {
                         Algorithm::Custom => custom_result($op, x.shape(), $custom(&p, src, dst))?,
-                        _ => $kernel(&p, src, dst),
+                        _ => kernel_result($op, $kernel(&p, src, dst), || {
+                            format!("input shape {}", shape_str(x.shape()))
+                        })?,
                     }
                 });
                 Ok(())

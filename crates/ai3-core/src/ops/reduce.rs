@@ -3,7 +3,7 @@
 use ai3_kernels::cpu::reduce;
 use ai3_kernels::params::AxisParams;
 
-use super::{elements, elements_mut, normalize_dim, single, with_dtype, Operation};
+use super::{elements, elements_mut, kernel_result, normalize_dim, single, with_dtype, Operation};
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
 use crate::tensor::{shape_str, Tensor};
@@ -50,7 +50,10 @@ impl Operation for Softmax {
         let x = single(OpKind::Softmax, inputs)?;
         let p = self.params(x.shape())?;
         with_dtype!(x.dtype(), T, {
-            reduce::softmax::<T>(&p, x.as_slice()?, output.as_mut_slice()?)
+            let done = reduce::softmax::<T>(&p, x.as_slice()?, output.as_mut_slice()?);
+            kernel_result(OpKind::Softmax, done, || {
+                format!("input shape {}, dim {}", shape_str(x.shape()), self.dim)
+            })?
         });
         Ok(())
     }
@@ -125,7 +128,11 @@ impl Operation for Mean {
                 // The mean of no elements is NaN, as in PyTorch.
                 elements_mut::<T>(output)?.fill(T::NAN);
             } else {
-                reduce::mean::<T>(x.shape(), &mask, elements(x)?, output.as_mut_slice()?)
+                let done =
+                    reduce::mean::<T>(x.shape(), &mask, elements(x)?, output.as_mut_slice()?);
+                kernel_result(OpKind::Mean, done, || {
+                    format!("input shape {}", shape_str(x.shape()))
+                })?
             }
         });
         Ok(())
@@ -159,7 +166,7 @@ mod tests {
     #[test]
     fn softmax_runs() {
         let x = Tensor::from_slice(&[0.0f64, 0.0, 1.0, 1.0], &[2, 2]).unwrap();
-        let mut out = Tensor::zeros(x.dtype(), &[2, 2]);
+        let mut out = Tensor::zeros(x.dtype(), &[2, 2]).unwrap();
         Softmax::new(0).forward(&[&x], &mut out).unwrap();
         let e = 1.0 / (1.0 + 1f64.exp());
         for (g, w) in out

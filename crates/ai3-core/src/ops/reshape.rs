@@ -123,6 +123,7 @@ impl Operation for Reshape {
                 "expected at least 1 input, got 0",
             ));
         };
+        // The data's shape exists, so its count fits; the target's may not.
         let numel: usize = data.iter().product();
         let mut out = Vec::with_capacity(self.spec.len());
         let mut infer = None;
@@ -143,7 +144,7 @@ impl Operation for Reshape {
                 out.push(v as usize);
             }
         }
-        let known: usize = out.iter().product();
+        let known = crate::tensor::checked_numel(&out);
         let mismatch = || {
             let shown: Vec<i64> = (0..out.len())
                 .map(|k| if Some(k) == infer { -1 } else { out[k] as i64 })
@@ -156,15 +157,15 @@ impl Operation for Reshape {
                 ),
             )
         };
-        match infer {
-            Some(k) => {
+        match (infer, known) {
+            (Some(k), Some(known)) => {
                 if known == 0 || !numel.is_multiple_of(known) {
                     return Err(mismatch());
                 }
                 out[k] = numel / known;
             }
-            None if known != numel => return Err(mismatch()),
-            None => {}
+            (None, Some(known)) if known == numel => {}
+            _ => return Err(mismatch()),
         }
         Ok(out)
     }
@@ -233,6 +234,11 @@ mod tests {
             .to_string()
             .contains("division by zero"));
         let r = Reshape::new(vec![*dim(2, 0)]).unwrap();
+        assert!(r.output_shape(&[&[4]]).is_err());
+        // (2^62 + 1) * 2 * 2 wraps around to 4: a target that overflows is a mismatch.
+        let r = Reshape::new(vec![Const((1 << 62) + 1), Const(2), Const(2)]).unwrap();
+        assert!(r.output_shape(&[&[4]]).is_err());
+        let r = Reshape::new(vec![Const(1 << 62), Const(4), Const(-1)]).unwrap();
         assert!(r.output_shape(&[&[4]]).is_err());
     }
 }

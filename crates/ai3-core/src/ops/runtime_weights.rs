@@ -51,12 +51,11 @@ impl RuntimeWeights {
     /// The layer for weights of these shapes, built from zeros: enough to
     /// check shapes and resolve the algorithm without the weights' values.
     fn probe(&self, weight_shapes: &[&[usize]]) -> Result<Box<dyn Operation>> {
-        (self.build)(
-            weight_shapes
-                .iter()
-                .map(|s| Tensor::zeros(self.dtype, s))
-                .collect(),
-        )
+        let zeros = weight_shapes
+            .iter()
+            .map(|s| Tensor::zeros(self.dtype, s).map_err(|e| e.with_op(self.kind.name())))
+            .collect::<Result<Vec<_>>>()?;
+        (self.build)(zeros)
     }
 
     fn split<'a, T: ?Sized>(&self, inputs: &'a [&'a T]) -> Result<(&'a T, &'a [&'a T])> {

@@ -4,7 +4,7 @@
 use ai3_kernels::cpu::shape as kernel;
 use ai3_kernels::params::AxisParams;
 
-use super::{elements, elements_mut, normalize_dim, single, with_dtype, Operation};
+use super::{elements, elements_mut, kernel_result, normalize_dim, single, with_dtype, Operation};
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
 use crate::tensor::{shape_str, Tensor};
@@ -88,7 +88,10 @@ impl Operation for Concat {
                     Ok((elements::<T>(t)?, p.dim * p.inner))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            kernel::concat::<T>(outer, &parts, elements_mut(output)?)
+            let done = kernel::concat::<T>(outer, &parts, elements_mut(output)?);
+            kernel_result(OpKind::Cat, done, || {
+                format!("input shapes {}", shapes_str(&shapes))
+            })?
         });
         Ok(())
     }
@@ -167,7 +170,10 @@ impl Operation for Permute {
         let x = single(OpKind::Permute, inputs)?;
         let perm = self.perm(x.shape())?;
         with_dtype!(x.dtype(), T, {
-            kernel::permute::<T>(x.shape(), &perm, elements(x)?, elements_mut(output)?)
+            let done = kernel::permute::<T>(x.shape(), &perm, elements(x)?, elements_mut(output)?);
+            kernel_result(OpKind::Permute, done, || {
+                format!("input shape {}, dims {perm:?}", shape_str(x.shape()))
+            })?
         });
         Ok(())
     }
@@ -281,14 +287,17 @@ impl Operation for Slice {
         let (axis, start, len) = self.piece(x.shape())?;
         let p = AxisParams::new(x.shape(), axis);
         with_dtype!(x.dtype(), T, {
-            kernel::narrow::<T>(
+            let done = kernel::narrow::<T>(
                 p.outer,
                 p.dim * p.inner,
                 start * p.inner,
                 len * p.inner,
                 elements(x)?,
                 elements_mut(output)?,
-            )
+            );
+            kernel_result(OpKind::Slice, done, || {
+                format!("input shape {}", shape_str(x.shape()))
+            })?
         });
         Ok(())
     }
@@ -301,7 +310,7 @@ mod tests {
 
     fn run(op: &dyn Operation, inputs: &[&Tensor]) -> Result<Vec<f64>> {
         let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
-        let mut out = Tensor::zeros(DType::F64, &op.output_shape(&shapes)?);
+        let mut out = Tensor::zeros(DType::F64, &op.output_shape(&shapes)?).unwrap();
         op.forward(inputs, &mut out)?;
         Ok(elements::<f64>(&out)?.to_vec())
     }

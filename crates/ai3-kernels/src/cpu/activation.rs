@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::{check_len, KernelResult};
 use crate::Float;
 
 use super::par::{CHUNK, PARALLEL_MIN};
@@ -114,9 +115,14 @@ pub mod scalar {
     }
 }
 
-/// `output[i] = f(input[i])`, in parallel for large inputs. Every output element is written.
-pub fn map<T: Float, F: Fn(T) -> T + Sync>(input: &[T], output: &mut [T], f: F) {
-    debug_assert_eq!(input.len(), output.len());
+/// `output[i] = f(input[i])`, in parallel for large inputs. Every output
+/// element is written; buffers of different lengths are an error.
+pub fn map<T: Float, F: Fn(T) -> T + Sync>(
+    input: &[T],
+    output: &mut [T],
+    f: F,
+) -> KernelResult<()> {
+    check_len("elementwise output", output.len(), input.len())?;
     if input.len() >= PARALLEL_MIN {
         output
             .par_chunks_mut(CHUNK)
@@ -125,6 +131,7 @@ pub fn map<T: Float, F: Fn(T) -> T + Sync>(input: &[T], output: &mut [T], f: F) 
     } else {
         output.iter_mut().zip(input).for_each(|(o, &i)| *o = f(i));
     }
+    Ok(())
 }
 
 /// `data[i] = f(data[i])`, in parallel for large inputs (fused epilogues).
@@ -138,8 +145,8 @@ pub fn map_inplace<T: Float, F: Fn(T) -> T + Sync>(data: &mut [T], f: F) {
 }
 
 /// `output[i] = max(input[i], 0)`, with `relu(NaN) = NaN` like PyTorch.
-pub fn relu<T: Float>(input: &[T], output: &mut [T]) {
-    map(input, output, scalar::relu);
+pub fn relu<T: Float>(input: &[T], output: &mut [T]) -> KernelResult<()> {
+    map(input, output, scalar::relu)
 }
 
 /// [`relu`] in place.
@@ -164,7 +171,7 @@ mod tests {
             f32::INFINITY,
         ];
         let mut y = [7.0f32; 7];
-        super::relu(&x, &mut y);
+        super::relu(&x, &mut y).unwrap();
         assert_eq!(&y[..4], &[0.0, 0.0, 0.0, 1.5]);
         assert!(y[4].is_nan());
         assert_eq!(y[5], 0.0);
@@ -179,7 +186,7 @@ mod tests {
     fn relu_large_parallel() {
         let x: Vec<f64> = (0..100_003).map(|i| (i as f64) - 50_000.0).collect();
         let mut y = vec![f64::NAN; x.len()];
-        super::relu(&x, &mut y);
+        super::relu(&x, &mut y).unwrap();
         let mut z = x.clone();
         relu_inplace(&mut z);
         for (i, &v) in x.iter().enumerate() {
@@ -269,7 +276,7 @@ mod tests {
         for len in [0, 1, 17, PARALLEL_MIN + 5] {
             let x: Vec<f32> = (0..len).map(|i| (i % 13) as f32 - 6.0).collect();
             let mut y = vec![f32::NAN; len];
-            map(&x, &mut y, hardswish);
+            map(&x, &mut y, hardswish).unwrap();
             for (i, &v) in x.iter().enumerate() {
                 assert_eq!(y[i], hardswish(v), "{len} {i}");
             }

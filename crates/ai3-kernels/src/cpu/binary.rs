@@ -11,13 +11,20 @@ use rayon::prelude::*;
 
 use super::activation::map;
 use super::par::{for_each_row, CHUNK, PARALLEL_MIN};
+use crate::alloc::{check_len, checked_product, KernelError, KernelResult};
 use crate::params::broadcast_shape;
 use crate::Float;
 
-/// `output[i] = f(a[i], b[i])` for operands of the same shape.
-pub fn same_shape<T: Float, F: Fn(T, T) -> T + Sync>(a: &[T], b: &[T], output: &mut [T], f: F) {
-    debug_assert_eq!(a.len(), output.len());
-    debug_assert_eq!(b.len(), output.len());
+/// `output[i] = f(a[i], b[i])` for operands of the same shape (lengths that
+/// differ are an error).
+pub fn same_shape<T: Float, F: Fn(T, T) -> T + Sync>(
+    a: &[T],
+    b: &[T],
+    output: &mut [T],
+    f: F,
+) -> KernelResult<()> {
+    check_len("binary operand", a.len(), output.len())?;
+    check_len("binary operand", b.len(), output.len())?;
     if output.len() >= PARALLEL_MIN {
         output
             .par_chunks_mut(CHUNK)
@@ -26,6 +33,7 @@ pub fn same_shape<T: Float, F: Fn(T, T) -> T + Sync>(a: &[T], b: &[T], output: &
     } else {
         row(a, 1, b, 1, output, &f);
     }
+    Ok(())
 }
 
 /// `output[i] = f(x[i], s)`, or `f(s, x[i])` when `scalar_first` (`2 - x`).
@@ -35,11 +43,11 @@ pub fn scalar<T: Float, F: Fn(T, T) -> T + Sync>(
     scalar_first: bool,
     output: &mut [T],
     f: F,
-) {
+) -> KernelResult<()> {
     if scalar_first {
-        map(x, output, |v| f(s, v));
+        map(x, output, |v| f(s, v))
     } else {
-        map(x, output, |v| f(v, s));
+        map(x, output, |v| f(v, s))
     }
 }
 
@@ -108,7 +116,8 @@ fn collapse(a_shape: &[usize], b_shape: &[usize]) -> (Vec<usize>, Vec<usize>, Ve
 
 /// `output = f(a, b)` with broadcasting; `output` has the broadcast shape of
 /// `a_shape` and `b_shape` (which the caller has checked are compatible) and
-/// every element of it is written.
+/// every element of it is written. Shapes that do not broadcast or buffers of
+/// other lengths than the shapes say are an error.
 pub fn broadcast<T: Float, F: Fn(T, T) -> T + Sync>(
     a: &[T],
     a_shape: &[usize],
@@ -116,10 +125,24 @@ pub fn broadcast<T: Float, F: Fn(T, T) -> T + Sync>(
     b_shape: &[usize],
     output: &mut [T],
     f: F,
-) {
-    debug_assert!(broadcast_shape(a_shape, b_shape).is_some());
+) -> KernelResult<()> {
+    let out_shape = broadcast_shape(a_shape, b_shape).ok_or(KernelError::Precondition {
+        what: "binary operand shapes do not broadcast",
+    })?;
+    check_len(
+        "binary operand",
+        a.len(),
+        checked_product("binary operand size", a_shape)?,
+    )?;
+    check_len(
+        "binary operand",
+        b.len(),
+        checked_product("binary operand size", b_shape)?,
+    )?;
+    let out_len = checked_product("binary output size", &out_shape)?;
+    check_len("binary output", output.len(), out_len)?;
     if output.is_empty() {
-        return;
+        return Ok(());
     }
     let (dims, sa, sb) = collapse(a_shape, b_shape);
     let rank = dims.len();
@@ -144,6 +167,7 @@ pub fn broadcast<T: Float, F: Fn(T, T) -> T + Sync>(
         row(&a[oa..], ia, &b[ob..], ib, out, &f);
     };
     for_each_row(output, inner, run);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -199,14 +223,14 @@ mod tests {
             let b = rng.vec(sb.iter().product());
             let want = naive(&a, sa, &b, sb);
             let mut out = vec![f64::NAN; want.len()];
-            broadcast(&a, sa, &b, sb, &mut out, |x, y| x - 2.0 * y);
+            broadcast(&a, sa, &b, sb, &mut out, |x, y| x - 2.0 * y).unwrap();
             assert_eq!(out, want, "{sa:?} {sb:?}");
             let (a32, b32): (Vec<f32>, Vec<f32>) = (
                 a.iter().map(|&v| v as f32).collect(),
                 b.iter().map(|&v| v as f32).collect(),
             );
             let mut out32 = vec![f32::NAN; want.len()];
-            broadcast(&a32, sa, &b32, sb, &mut out32, |x, y| x - 2.0 * y);
+            broadcast(&a32, sa, &b32, sb, &mut out32, |x, y| x - 2.0 * y).unwrap();
             for (g, w) in out32.iter().zip(&want) {
                 assert!((*g as f64 - w).abs() < 1e-5, "{sa:?} {sb:?}");
             }
@@ -225,15 +249,15 @@ mod tests {
             let a: Vec<f64> = (0..len).map(|i| i as f64).collect();
             let b: Vec<f64> = (0..len).map(|i| 1.0 + (i % 7) as f64).collect();
             let mut out = vec![f64::NAN; len];
-            same_shape(&a, &b, &mut out, |x, y| x / y);
+            same_shape(&a, &b, &mut out, |x, y| x / y).unwrap();
             assert!(out
                 .iter()
                 .zip(a.iter().zip(&b))
                 .all(|(o, (x, y))| *o == x / y));
             let mut out = vec![f64::NAN; len];
-            scalar(&a, 2.0, true, &mut out, |x, y| x - y);
+            scalar(&a, 2.0, true, &mut out, |x, y| x - y).unwrap();
             assert!(out.iter().zip(&a).all(|(o, x)| *o == 2.0 - x));
-            scalar(&a, 2.0, false, &mut out, |x, y| x - y);
+            scalar(&a, 2.0, false, &mut out, |x, y| x - y).unwrap();
             assert!(out.iter().zip(&a).all(|(o, x)| *o == x - 2.0));
         }
     }

@@ -1,5 +1,6 @@
 //! Fully connected layer as one GEMM.
 
+use crate::alloc::KernelResult;
 use crate::cpu::matmul::{matmul_strided, MatMut, MatPtr};
 use crate::params::LinearParams;
 use crate::Float;
@@ -8,20 +9,23 @@ use crate::Float;
 ///
 /// `input` is `[rows, in_features]`, `weight` `[out_features, in_features]`
 /// (PyTorch's layout), `output` `[rows, out_features]`. The weight is read
-/// transposed through strides, never copied.
+/// transposed through strides, never copied. A buffer of the wrong length
+/// is an error, before anything is written.
 pub fn gemm<T: Float>(
     p: &LinearParams,
     input: &[T],
     weight: &[T],
     bias: Option<&[T]>,
     output: &mut [T],
-) {
-    debug_assert_eq!(input.len(), p.rows * p.in_features);
-    debug_assert_eq!(weight.len(), p.out_features * p.in_features);
-    debug_assert_eq!(output.len(), p.rows * p.out_features);
-    debug_assert!(bias.is_none_or(|b| b.len() == p.out_features));
+) -> KernelResult<()> {
+    p.check_buffers(
+        input.len(),
+        weight.len(),
+        bias.map(<[T]>::len),
+        output.len(),
+    )?;
     if p.rows == 0 || p.out_features == 0 {
-        return;
+        return Ok(());
     }
     // Starting from the bias and accumulating saves a second pass over the output.
     if let Some(b) = bias {
@@ -35,7 +39,7 @@ pub fn gemm<T: Float>(
         if let (Some(x), Some(w), Some(out)) = (as_f32(input), as_f32(weight), as_f32_mut(output)) {
             if !matches!(b, Some(None)) {
                 nt_avx512::linear(p, x, w, b.flatten(), out);
-                return;
+                return Ok(());
             }
         }
     }
@@ -60,7 +64,7 @@ pub fn gemm<T: Float>(
         rs: 1,
         cs: p.out_features,
     };
-    // SAFETY: the three buffers have the lengths asserted above and are distinct.
+    // SAFETY: the three buffers have the lengths checked above and are distinct.
     unsafe {
         matmul_strided(
             p.out_features,
@@ -73,6 +77,7 @@ pub fn gemm<T: Float>(
             ::gemm::Parallelism::Rayon(0),
         )
     };
+    Ok(())
 }
 
 fn as_f32<T: Float>(v: &[T]) -> Option<&[f32]> {
@@ -325,13 +330,43 @@ mod tests {
                 let want = naive(&p, &x, &w, b);
                 let what = format!("linear {p:?} bias={}", b.is_some());
                 let mut out = vec![f64::NAN; want.len()];
-                gemm(&p, &x, &w, b, &mut out);
+                gemm(&p, &x, &w, b, &mut out).unwrap();
                 assert_close(&out, &want, 1e-12, &what);
                 let b32 = b.map(cast::<f32>);
                 let mut out32 = vec![f32::NAN; want.len()];
-                gemm(&p, &cast(&x), &cast(&w), b32.as_deref(), &mut out32);
+                gemm(&p, &cast(&x), &cast(&w), b32.as_deref(), &mut out32).unwrap();
                 assert_close(&out32, &want, 1e-5, &what);
             }
         }
+    }
+
+    #[test]
+    fn wrong_lengths_are_errors_before_any_write() {
+        let p = LinearParams {
+            rows: 3,
+            in_features: 5,
+            out_features: 4,
+        };
+        let (x, w, b) = (vec![1.0f32; 15], vec![1.0f32; 20], vec![1.0f32; 4]);
+        let mut out = vec![f32::NAN; 12];
+        let length = |r: KernelResult<()>| matches!(r, Err(crate::KernelError::Length { .. }));
+        assert!(length(gemm(&p, &x[1..], &w, Some(&b), &mut out)));
+        assert!(length(gemm(&p, &x, &w[1..], Some(&b), &mut out)));
+        assert!(length(gemm(&p, &x, &w, Some(&b[1..]), &mut out)));
+        assert!(length(gemm(&p, &x, &w, Some(&b), &mut out[1..])));
+        assert!(out.iter().all(|v| v.is_nan()));
+        // Sizes whose product overflows cannot match any buffer.
+        let huge = LinearParams {
+            rows: 1 << 40,
+            in_features: 1 << 40,
+            out_features: 1,
+        };
+        let r = gemm(&huge, &x, &w, None, &mut out);
+        assert!(
+            matches!(r, Err(crate::KernelError::Overflow { .. })),
+            "{r:?}"
+        );
+        gemm(&p, &x, &w, Some(&b), &mut out).unwrap();
+        assert_eq!(out, [6.0; 12]);
     }
 }

@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::{check_len, KernelResult};
 use crate::Float;
 
 /// `output = act(input * scale[c] + shift[c])` for an input `[batch,
@@ -16,12 +17,12 @@ pub fn scale_shift<T: Float, F: Fn(T) -> T + Sync>(
     input: &[T],
     output: &mut [T],
     act: F,
-) {
-    debug_assert_eq!(scale.len(), channels);
-    debug_assert_eq!(shift.len(), channels);
-    debug_assert_eq!(input.len(), output.len());
+) -> KernelResult<()> {
+    check_len("batch norm scale", scale.len(), channels)?;
+    check_len("batch norm shift", shift.len(), channels)?;
+    check_len("batch norm output", output.len(), input.len())?;
     if output.is_empty() || inner == 0 {
-        return;
+        return Ok(());
     }
     let plane = |(i, (o, x)): (usize, (&mut [T], &[T]))| {
         let (a, b) = (scale[i % channels], shift[i % channels]);
@@ -46,6 +47,7 @@ pub fn scale_shift<T: Float, F: Fn(T) -> T + Sync>(
                     .for_each(plane)
             });
     }
+    Ok(())
 }
 
 /// Layer norm over the last `cols` elements of each of `rows` rows: `(x -
@@ -58,12 +60,16 @@ pub fn layernorm<T: Float>(
     bias: Option<&[T]>,
     input: &[T],
     output: &mut [T],
-) {
-    debug_assert_eq!(input.len(), output.len());
-    debug_assert!(weight.is_none_or(|w| w.len() == cols));
-    debug_assert!(bias.is_none_or(|b| b.len() == cols));
+) -> KernelResult<()> {
+    check_len("layer norm output", output.len(), input.len())?;
+    if let Some(w) = weight {
+        check_len("layer norm weight", w.len(), cols)?;
+    }
+    if let Some(b) = bias {
+        check_len("layer norm bias", b.len(), cols)?;
+    }
     if cols == 0 {
-        return;
+        return Ok(());
     }
     let f = |v: T| v.to_f64().unwrap_or(f64::NAN);
     let t = |v: f64| T::from_f64(v).unwrap_or_else(T::nan);
@@ -85,6 +91,7 @@ pub fn layernorm<T: Float>(
                 *o = y;
             }
         });
+    Ok(())
 }
 
 #[cfg(test)]
@@ -102,14 +109,14 @@ mod tests {
                 .map(|i| x[i] * a[(i / inner) % c] + b[(i / inner) % c])
                 .collect();
             let mut out = vec![f64::NAN; x.len()];
-            scale_shift(c, inner, &a, &b, &x, &mut out, |v| v);
+            scale_shift(c, inner, &a, &b, &x, &mut out, |v| v).unwrap();
             assert_close(&out, &want, 1e-14, "f64");
             let mut out32 = vec![f32::NAN; x.len()];
-            scale_shift(c, inner, &cast(&a), &cast(&b), &cast(&x), &mut out32, |v| v);
+            scale_shift(c, inner, &cast(&a), &cast(&b), &cast(&x), &mut out32, |v| v).unwrap();
             assert_close(&out32, &want, 1e-6, "f32");
             // The fused activation sees the affine result.
             let want_relu: Vec<f64> = want.iter().map(|v| v.max(0.0)).collect();
-            scale_shift(c, inner, &a, &b, &x, &mut out, |v: f64| v.max(0.0));
+            scale_shift(c, inner, &a, &b, &x, &mut out, |v: f64| v.max(0.0)).unwrap();
             assert_close(&out, &want_relu, 1e-14, "f64 relu");
         }
     }
@@ -138,7 +145,7 @@ mod tests {
                     (None, None)
                 };
                 let mut out = vec![f64::NAN; x.len()];
-                layernorm(cols, 1e-5, wo, bo, &x, &mut out);
+                layernorm(cols, 1e-5, wo, bo, &x, &mut out).unwrap();
                 assert_close(&out, &want, 1e-12, "f64");
                 let (w32, b32) = (cast::<f32>(&w), cast::<f32>(&b));
                 let (wo, bo) = if affine {
@@ -147,7 +154,7 @@ mod tests {
                     (None, None)
                 };
                 let mut out32 = vec![f32::NAN; x.len()];
-                layernorm(cols, 1e-5, wo, bo, &cast(&x), &mut out32);
+                layernorm(cols, 1e-5, wo, bo, &cast(&x), &mut out32).unwrap();
                 assert_close(&out32, &want, 1e-5, "f32");
             }
         }

@@ -3,6 +3,8 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::{check_len, checked_product, checked_sum, try_vec_with_capacity};
+use crate::alloc::{KernelError, KernelResult};
 use crate::params::Padding2d;
 use crate::Float;
 
@@ -20,6 +22,16 @@ pub enum PadMode {
 }
 
 impl PadMode {
+    /// PyTorch's name for the mode (`'zeros'`, `'reflect'`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            PadMode::Zeros => "zeros",
+            PadMode::Reflect => "reflect",
+            PadMode::Replicate => "replicate",
+            PadMode::Circular => "circular",
+        }
+    }
+
     /// The source index for padded coordinate `i` (relative to the original
     /// start) in a dimension of length `n`, or `None` for a zero.
     #[inline]
@@ -48,15 +60,16 @@ impl PadMode {
 /// Pads each of `planes` images `[in_h, in_w]` into
 /// `[in_h + top + bottom, in_w + left + right]`, as PyTorch's `F.pad`.
 ///
-/// For `Reflect` the caller guarantees each padding is smaller than its
-/// dimension, for `Circular` no larger than it.
+/// For `Reflect` each padding must be smaller than its dimension (PyTorch's
+/// rule; an error otherwise), for `Circular` no larger than it. Buffers of
+/// other lengths than the sizes say are an error.
 ///
 /// ```
 /// use ai3_kernels::cpu::pad::{pad2d, PadMode};
 /// use ai3_kernels::params::Padding2d;
 /// let pad = Padding2d { top: 0, bottom: 0, left: 2, right: 1 };
 /// let mut out = [0.0f32; 6];
-/// pad2d(PadMode::Reflect, 1, 1, 3, pad, &[1.0, 2.0, 3.0], &mut out);
+/// pad2d(PadMode::Reflect, 1, 1, 3, pad, &[1.0, 2.0, 3.0], &mut out).unwrap();
 /// assert_eq!(out, [3.0, 2.0, 1.0, 2.0, 3.0, 2.0]);
 /// ```
 pub fn pad2d<T: Float>(
@@ -67,18 +80,29 @@ pub fn pad2d<T: Float>(
     padding: Padding2d,
     input: &[T],
     output: &mut [T],
-) {
-    let out_h = in_h + padding.top + padding.bottom;
-    let out_w = in_w + padding.left + padding.right;
-    debug_assert_eq!(input.len(), planes * in_h * in_w);
-    debug_assert_eq!(output.len(), planes * out_h * out_w);
-    if out_h * out_w == 0 {
-        return;
+) -> KernelResult<()> {
+    let out_h = checked_sum("padded height", &[in_h, padding.top, padding.bottom])?;
+    let out_w = checked_sum("padded width", &[in_w, padding.left, padding.right])?;
+    check_len(
+        "pad input",
+        input.len(),
+        checked_product("pad input size", &[planes, in_h, in_w])?,
+    )?;
+    let out_len = checked_product("pad output size", &[planes, out_h, out_w])?;
+    check_len("pad output", output.len(), out_len)?;
+    let too_wide =
+        padding.top.max(padding.bottom) >= in_h || padding.left.max(padding.right) >= in_w;
+    if mode == PadMode::Reflect && too_wide && out_len > 0 {
+        return Err(KernelError::Precondition {
+            what: "reflect padding must be smaller than the padded dimension",
+        });
+    }
+    if out_len == 0 {
+        return Ok(());
     }
     // The column map is the same for every row and plane.
-    let cols: Vec<Option<usize>> = (0..out_w)
-        .map(|x| mode.source(x as isize - padding.left as isize, in_w))
-        .collect();
+    let mut cols = try_vec_with_capacity(out_w, "padding column map")?;
+    cols.extend((0..out_w).map(|x| mode.source(x as isize - padding.left as isize, in_w)));
     let plane = |(p, out): (usize, &mut [T])| {
         let src = &input[p * in_h * in_w..][..in_h * in_w];
         for (y, row) in out.chunks_exact_mut(out_w).enumerate() {
@@ -103,6 +127,7 @@ pub fn pad2d<T: Float>(
     } else {
         output.chunks_mut(out_h * out_w).enumerate().for_each(plane);
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -119,7 +144,7 @@ mod tests {
         };
         let input = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         let mut out = vec![f64::NAN; 4 * 6];
-        pad2d(mode, 1, 2, 3, pad, &input, &mut out);
+        pad2d(mode, 1, 2, 3, pad, &input, &mut out).unwrap();
         out
     }
 
@@ -185,7 +210,7 @@ mod tests {
         };
         let (oh, ow) = (h + 4, w + 5);
         let mut out = vec![f32::NAN; planes * oh * ow];
-        pad2d(PadMode::Circular, planes, h, w, pad, &input, &mut out);
+        pad2d(PadMode::Circular, planes, h, w, pad, &input, &mut out).unwrap();
         for p in 0..planes {
             for y in 0..oh {
                 for x in 0..ow {

@@ -3,16 +3,20 @@
 use rayon::prelude::*;
 
 use super::par::CHUNK;
+use crate::alloc::{check_len, checked_product, try_zeroed_vec, KernelError, KernelResult};
 use crate::params::AxisParams;
 use crate::Float;
 
 /// Numerically stable softmax along the axis of `p`: `exp(x - max) / sum`.
-/// A NaN in a slice makes that whole slice NaN, as in PyTorch.
-pub fn softmax<T: Float>(p: &AxisParams, input: &[T], output: &mut [T]) {
-    debug_assert_eq!(input.len(), p.len());
-    debug_assert_eq!(output.len(), p.len());
+/// A NaN in a slice makes that whole slice NaN, as in PyTorch. Buffers of
+/// other lengths than `p`'s are an error, as is a refused allocation of the
+/// running maxima and sums (`inner` of each per task).
+pub fn softmax<T: Float>(p: &AxisParams, input: &[T], output: &mut [T]) -> KernelResult<()> {
+    let len = checked_product("softmax size", &[p.outer, p.dim, p.inner])?;
+    check_len("softmax input", input.len(), len)?;
+    check_len("softmax output", output.len(), len)?;
     if p.is_empty() {
-        return;
+        return Ok(());
     }
     let block = p.dim * p.inner;
     if p.inner == 1 {
@@ -29,21 +33,23 @@ pub fn softmax<T: Float>(p: &AxisParams, input: &[T], output: &mut [T]) {
                 }
                 out.iter_mut().for_each(|o| *o = *o / sum);
             });
-        return;
+        return Ok(());
     }
     // Slices are strided by `inner`: keep `inner` running maxima and sums so
     // every pass walks memory in order.
+    const WHAT: &str = "softmax running maxima and sums";
     output
         .par_chunks_mut(block)
         .zip(input.par_chunks(block))
-        .for_each(|(out, x)| {
-            let mut max = x[..p.inner].to_vec();
+        .try_for_each(|(out, x)| -> KernelResult<()> {
+            let mut max: Vec<T> = try_zeroed_vec(p.inner, WHAT)?;
+            max.copy_from_slice(&x[..p.inner]);
             for row in x.chunks(p.inner).skip(1) {
                 for (m, &v) in max.iter_mut().zip(row) {
                     *m = m.max(v);
                 }
             }
-            let mut sum = vec![T::zero(); p.inner];
+            let mut sum = try_zeroed_vec::<T>(p.inner, WHAT)?;
             for (orow, row) in out.chunks_mut(p.inner).zip(x.chunks(p.inner)) {
                 for (((o, &v), &m), s) in orow.iter_mut().zip(row).zip(&max).zip(&mut sum) {
                     *o = (v - m).exp();
@@ -55,7 +61,8 @@ pub fn softmax<T: Float>(p: &AxisParams, input: &[T], output: &mut [T]) {
                     *o = *o / s;
                 }
             }
-        });
+            Ok(())
+        })
 }
 
 /// A run of adjacent dimensions that are all reduced or all kept.
@@ -102,11 +109,36 @@ fn offset(mut i: usize, gs: &[Group]) -> usize {
 /// The mean over the dimensions `k` with `reduce[k]`, of a contiguous
 /// `input` of `shape`; `output` holds the kept dimensions in order
 /// (`keepdim` only changes the shape, not the data). Sums in f64.
-pub fn mean<T: Float>(shape: &[usize], reduce: &[bool], input: &[T], output: &mut [T]) {
-    debug_assert_eq!(shape.len(), reduce.len());
-    debug_assert_eq!(input.len(), shape.iter().product::<usize>());
+///
+/// Buffers of other lengths than the shape says are an error, as is a
+/// refused allocation of a task's accumulator row.
+pub fn mean<T: Float>(
+    shape: &[usize],
+    reduce: &[bool],
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    if shape.len() != reduce.len() {
+        return Err(KernelError::Precondition {
+            what: "mean needs one reduce flag per dimension",
+        });
+    }
+    check_len(
+        "mean input",
+        input.len(),
+        checked_product("mean input size", shape)?,
+    )?;
+    let kept_dims: Vec<usize> = (0..shape.len())
+        .filter(|&k| !reduce[k])
+        .map(|k| shape[k])
+        .collect();
+    check_len(
+        "mean output",
+        output.len(),
+        checked_product("mean output size", &kept_dims)?,
+    )?;
     if output.is_empty() {
-        return;
+        return Ok(());
     }
     let count: usize = shape
         .iter()
@@ -146,8 +178,8 @@ pub fn mean<T: Float>(shape: &[usize], reduce: &[bool], input: &[T], output: &mu
     output
         .par_chunks_mut(rows_per_task * row_len)
         .enumerate()
-        .for_each(|(t, block)| {
-            let mut acc = vec![0f64; row_len];
+        .try_for_each(|(t, block)| -> KernelResult<()> {
+            let mut acc: Vec<f64> = try_zeroed_vec(row_len, "mean accumulator row")?;
             for (i, out) in block.chunks_mut(row_len).enumerate() {
                 let base = offset(t * rows_per_task + i, &kept);
                 acc.fill(0.0);
@@ -168,7 +200,8 @@ pub fn mean<T: Float>(shape: &[usize], reduce: &[bool], input: &[T], output: &mu
                     *o = to(a * scale);
                 }
             }
-        });
+            Ok(())
+        })
 }
 
 #[cfg(test)]
@@ -202,10 +235,10 @@ mod tests {
             let x: Vec<f64> = rng.vec(p.len()).iter().map(|v| 20.0 * v).collect();
             let want = naive_softmax(&p, &x);
             let mut out = vec![f64::NAN; p.len()];
-            softmax(&p, &x, &mut out);
+            softmax(&p, &x, &mut out).unwrap();
             assert_close(&out, &want, 1e-12, &format!("{p:?}"));
             let mut out32 = vec![f32::NAN; p.len()];
-            softmax(&p, &cast::<f32>(&x), &mut out32);
+            softmax(&p, &cast::<f32>(&x), &mut out32).unwrap();
             assert_close(&out32, &want, 1e-5, &format!("{p:?} f32"));
         }
         // Large inputs do not overflow; NaN poisons its slice only.
@@ -219,7 +252,8 @@ mod tests {
             &p,
             &[1000.0, 1000.0, f32::NAN, 1000.0, 1000.0, 0.0],
             &mut out,
-        );
+        )
+        .unwrap();
         assert!(out[..3].iter().all(|v| v.is_nan()));
         assert_eq!(&out[3..5], &[0.5, 0.5]);
     }
@@ -253,10 +287,10 @@ mod tests {
             let x = rng.vec(shape.iter().product());
             let want = naive_mean(&shape, &reduce, &x);
             let mut out = vec![f64::NAN; want.len()];
-            mean(&shape, &reduce, &x, &mut out);
+            mean(&shape, &reduce, &x, &mut out).unwrap();
             assert_close(&out, &want, 1e-12, &format!("{reduce:?}"));
             let mut out32 = vec![f32::NAN; want.len()];
-            mean(&shape, &reduce, &cast::<f32>(&x), &mut out32);
+            mean(&shape, &reduce, &cast::<f32>(&x), &mut out32).unwrap();
             assert_close(&out32, &want, 1e-6, &format!("{reduce:?} f32"));
         }
         // Global average pooling of a large tensor, and a scalar.
@@ -264,10 +298,10 @@ mod tests {
         let x = rng.vec(shape.iter().product());
         let reduce = [false, false, true, true];
         let mut out = vec![f64::NAN; 256];
-        mean(&shape, &reduce, &x, &mut out);
+        mean(&shape, &reduce, &x, &mut out).unwrap();
         assert_close(&out, &naive_mean(&shape, &reduce, &x), 1e-12, "gap");
         let mut out = [f64::NAN];
-        mean(&[], &[], &[3.5], &mut out);
+        mean(&[], &[], &[3.5], &mut out).unwrap();
         assert_eq!(out, [3.5]);
     }
 }

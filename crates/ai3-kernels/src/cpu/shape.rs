@@ -4,17 +4,33 @@
 use rayon::prelude::*;
 
 use super::par::{for_each_row, PARALLEL_MIN};
+use crate::alloc::{check_len, checked_product, checked_sum, KernelError, KernelResult};
 use crate::Float;
 
 /// Concatenates along an axis. Each part is `[outer, chunk]`, where `chunk`
 /// is its size along the axis times the product of the dimensions after it;
-/// `output` is `[outer, sum of chunks]`.
-pub fn concat<T: Float>(outer: usize, parts: &[(&[T], usize)], output: &mut [T]) {
-    let row: usize = parts.iter().map(|&(_, c)| c).sum();
-    debug_assert_eq!(output.len(), outer * row);
-    debug_assert!(parts.iter().all(|&(p, c)| p.len() == outer * c));
+/// `output` is `[outer, sum of chunks]`. Buffers of other lengths are an error.
+pub fn concat<T: Float>(
+    outer: usize,
+    parts: &[(&[T], usize)],
+    output: &mut [T],
+) -> KernelResult<()> {
+    let mut row = 0usize;
+    for &(p, c) in parts {
+        check_len(
+            "concat input",
+            p.len(),
+            checked_product("concat input size", &[outer, c])?,
+        )?;
+        row = checked_sum("concat output size", &[row, c])?;
+    }
+    check_len(
+        "concat output",
+        output.len(),
+        checked_product("concat output size", &[outer, row])?,
+    )?;
     if row == 0 {
-        return;
+        return Ok(());
     }
     let fill = |o: usize, dst: &mut [T]| {
         let mut at = 0;
@@ -34,12 +50,14 @@ pub fn concat<T: Float>(outer: usize, parts: &[(&[T], usize)], output: &mut [T])
             .enumerate()
             .for_each(|(o, dst)| fill(o, dst));
     }
+    Ok(())
 }
 
 /// Copies elements `[start, start + len)` of each of the `outer` rows of
 /// `row` elements of `input` into `output` (`[outer, len]`): one piece of a
 /// `chunk` or `split`, with `start` and `len` already multiplied by the
-/// product of the dimensions after the axis.
+/// product of the dimensions after the axis. Buffers of other lengths, or a
+/// range outside the row, are an error.
 pub fn narrow<T: Float>(
     outer: usize,
     row: usize,
@@ -47,12 +65,24 @@ pub fn narrow<T: Float>(
     len: usize,
     input: &[T],
     output: &mut [T],
-) {
-    debug_assert_eq!(input.len(), outer * row);
-    debug_assert_eq!(output.len(), outer * len);
-    debug_assert!(start + len <= row);
+) -> KernelResult<()> {
+    check_len(
+        "slice input",
+        input.len(),
+        checked_product("slice input size", &[outer, row])?,
+    )?;
+    check_len(
+        "slice output",
+        output.len(),
+        checked_product("slice output size", &[outer, len])?,
+    )?;
+    if checked_sum("slice end", &[start, len])? > row {
+        return Err(KernelError::Precondition {
+            what: "slice range outside the row",
+        });
+    }
     if len == 0 {
-        return;
+        return Ok(());
     }
     let copy = |(o, dst): (usize, &mut [T])| {
         dst.copy_from_slice(&input[o * row + start..][..len]);
@@ -62,6 +92,7 @@ pub fn narrow<T: Float>(
     } else {
         output.chunks_mut(len).enumerate().for_each(copy);
     }
+    Ok(())
 }
 
 /// Output shape (after dropping size-1 dimensions and merging dimensions
@@ -95,12 +126,30 @@ fn collapse_permutation(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usi
 }
 
 /// `output = input.permute(perm).contiguous()` for a contiguous `input` of
-/// `shape`; `perm` is a permutation of `0..shape.len()`.
-pub fn permute<T: Float>(shape: &[usize], perm: &[usize], input: &[T], output: &mut [T]) {
-    debug_assert_eq!(shape.len(), perm.len());
-    debug_assert_eq!(input.len(), output.len());
+/// `shape`; `perm` is a permutation of `0..shape.len()`. Buffers of other
+/// lengths than `shape`'s, or a `perm` that is no permutation, are an error.
+pub fn permute<T: Float>(
+    shape: &[usize],
+    perm: &[usize],
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    // As long as the shape itself: no size from the user's data.
+    let mut seen = vec![false; perm.len()];
+    let is_perm = perm.len() == shape.len()
+        && perm
+            .iter()
+            .all(|&p| p < perm.len() && !std::mem::replace(&mut seen[p], true));
+    if !is_perm {
+        return Err(KernelError::Precondition {
+            what: "permute needs a permutation of the input's dimensions",
+        });
+    }
+    let len = checked_product("permute size", shape)?;
+    check_len("permute input", input.len(), len)?;
+    check_len("permute output", output.len(), len)?;
     if output.is_empty() {
-        return;
+        return Ok(());
     }
     let (dims, strides) = collapse_permutation(shape, perm);
     let rank = dims.len();
@@ -120,6 +169,7 @@ pub fn permute<T: Float>(shape: &[usize], perm: &[usize], input: &[T], output: &
         }
     };
     for_each_row(output, inner, run);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -136,7 +186,7 @@ mod tests {
         let a = ramp(6);
         let b: Vec<f64> = ramp(12).iter().map(|v| 100.0 + v).collect();
         let mut out = vec![f64::NAN; 18];
-        concat(2, &[(&a, 3), (&b, 6)], &mut out);
+        concat(2, &[(&a, 3), (&b, 6)], &mut out).unwrap();
         let mut want = Vec::new();
         for o in 0..2 {
             want.extend_from_slice(&a[o * 3..o * 3 + 3]);
@@ -147,7 +197,7 @@ mod tests {
         let n = PARALLEL_MIN;
         let (a, b) = (ramp(4 * n), ramp(4 * n));
         let mut out = vec![f64::NAN; 8 * n];
-        concat(4, &[(&a, n), (&[], 0), (&b, n)], &mut out);
+        concat(4, &[(&a, n), (&[], 0), (&b, n)], &mut out).unwrap();
         for o in 0..4 {
             assert_eq!(&out[2 * o * n..(2 * o + 1) * n], &a[o * n..(o + 1) * n]);
             assert_eq!(
@@ -162,7 +212,7 @@ mod tests {
         // [3, 5, 2] rows of 10, take dim-1 indices 1..4.
         let x = ramp(30);
         let mut out = vec![f64::NAN; 18];
-        narrow(3, 10, 2, 6, &x, &mut out);
+        narrow(3, 10, 2, 6, &x, &mut out).unwrap();
         let want: Vec<f64> = (0..3)
             .flat_map(|o| {
                 (1..4).flat_map(move |j| (0..2).map(move |i| (o * 10 + j * 2 + i) as f64))
@@ -211,7 +261,7 @@ mod tests {
             let x = ramp(shape.iter().product());
             let want = naive_permute(shape, perm, &x);
             let mut out = vec![f64::NAN; x.len()];
-            permute(shape, perm, &x, &mut out);
+            permute(shape, perm, &x, &mut out).unwrap();
             assert_eq!(out, want, "{shape:?} {perm:?}");
         }
     }

@@ -1,6 +1,7 @@
 //! Helpers shared by the CPU kernels' unit tests: a deterministic generator,
 //! a textbook reference convolution in f64, and tolerance checks.
 
+use crate::alloc::{KernelError, KernelResult};
 use crate::params::{Conv2dParams, Padding2d};
 use crate::Float;
 
@@ -151,7 +152,7 @@ pub fn conv_grid() -> Vec<Conv2dParams> {
 }
 
 /// A convolution algorithm taking the plain weight.
-pub type ConvFn<T> = fn(&Conv2dParams, &[T], &[T], Option<&[T]>, &mut [T]);
+pub type ConvFn<T> = fn(&Conv2dParams, &[T], &[T], Option<&[T]>, &mut [T]) -> KernelResult<()>;
 
 /// Checks `conv32` / `conv64` on one problem with random data, with and
 /// without bias, against [`reference_conv`] (outputs start as NaN, so every
@@ -171,7 +172,7 @@ pub fn check_conv_case(
         let what = format!("{name} {p:?} bias={}", bias.is_some());
 
         let mut out64 = vec![f64::NAN; p.output_len()];
-        conv64(p, &input, &weight, bias, &mut out64);
+        conv64(p, &input, &weight, bias, &mut out64).unwrap();
         assert_close(&out64, &want, 1e-10, &what);
 
         let b32 = bias.map(cast::<f32>);
@@ -182,7 +183,8 @@ pub fn check_conv_case(
             &cast::<f32>(&weight),
             b32.as_deref(),
             &mut out32,
-        );
+        )
+        .unwrap();
         assert_close(&out32, &want, 1e-4, &what);
     }
 }
@@ -194,6 +196,82 @@ pub fn check_conv_algorithm(name: &str, conv32: ConvFn<f32>, conv64: ConvFn<f64>
     for p in conv_grid() {
         check_conv_case(name, &p, &mut rng, conv32, conv64);
     }
+}
+
+/// A small problem: `[2, 4, 6, 7]` input, 3x3 kernel, padding 1, 2 groups.
+pub fn small_problem() -> Conv2dParams {
+    Conv2dParams {
+        batch: 2,
+        in_channels: 4,
+        in_h: 6,
+        in_w: 7,
+        out_channels: 6,
+        kernel_h: 3,
+        kernel_w: 3,
+        stride: (1, 1),
+        padding: Padding2d::symmetric(1, 1),
+        dilation: (1, 1),
+        groups: 2,
+    }
+}
+
+/// Checks that `conv` (taking the plain weight) rejects an input, weight,
+/// bias or output of the wrong length with [`KernelError::Length`], in
+/// release builds too, and writes nothing then.
+pub fn check_conv_lengths(conv: ConvFn<f32>) {
+    let p = small_problem();
+    let (i, w, b) = (
+        vec![1.0; p.input_len()],
+        vec![1.0; p.weight_len()],
+        vec![1.0; p.out_channels],
+    );
+    let mut out = vec![f32::NAN; p.output_len()];
+    let mut short = vec![f32::NAN; p.output_len() - 1];
+    let length = |r: KernelResult<()>| matches!(r, Err(KernelError::Length { .. }));
+    assert!(length(conv(&p, &i, &w, Some(&b), &mut short)));
+    assert!(length(conv(&p, &i[1..], &w, Some(&b), &mut out)));
+    assert!(length(conv(&p, &i, &w[1..], Some(&b), &mut out)));
+    assert!(length(conv(&p, &i, &w, Some(&b[1..]), &mut out)));
+    assert!(
+        out.iter().chain(&short).all(|v| v.is_nan()),
+        "written before the check"
+    );
+    conv(&p, &i, &w, Some(&b), &mut out).unwrap();
+    assert!(out.iter().all(|v| v.is_finite()));
+}
+
+/// A layer with padding and dilation 10^6 on a `[1, 2, 8, 8]` input: the
+/// output is `[1, 3, 8, 8]`, but a padded copy of the input would take
+/// 2e12 elements per channel plane.
+pub fn hugely_padded_problem() -> Conv2dParams {
+    Conv2dParams {
+        batch: 1,
+        in_channels: 2,
+        in_h: 8,
+        in_w: 8,
+        out_channels: 3,
+        kernel_h: 3,
+        kernel_w: 3,
+        stride: (1, 1),
+        padding: Padding2d::symmetric(1_000_000, 1_000_000),
+        dilation: (1_000_000, 1_000_000),
+        groups: 1,
+    }
+}
+
+/// Checks that `conv` reports the hugely padded problem's buffers as an
+/// allocation failure (terabytes: more than any test machine has) instead of
+/// aborting, and writes nothing.
+pub fn check_conv_refuses_huge_padding(conv: ConvFn<f32>) {
+    let p = hugely_padded_problem();
+    assert_eq!((p.out_h(), p.out_w()), (8, 8));
+    let (i, w) = (vec![1.0; p.input_len()], vec![1.0; p.weight_len()]);
+    let mut out = vec![f32::NAN; p.output_len()];
+    match conv(&p, &i, &w, None, &mut out) {
+        Err(KernelError::Alloc { bytes, .. }) => assert!(bytes > 1 << 40, "{bytes}"),
+        other => panic!("expected an allocation failure, got {other:?}"),
+    }
+    assert!(out.iter().all(|v| v.is_nan()), "written before failing");
 }
 
 /// Runs `f` on a two-thread pool, so the kernels' "many tasks, one thread
@@ -224,8 +302,8 @@ macro_rules! blocked_conv_tests {
             w: &[T],
             b: Option<&[T]>,
             o: &mut [T],
-        ) {
-            kernel::run(p, i, w, b, o, true);
+        ) -> $crate::KernelResult<()> {
+            kernel::run(p, i, w, b, o, true)
         }
 
         #[test]
@@ -249,6 +327,11 @@ macro_rules! blocked_conv_tests {
             on_two_threads(|| {
                 check_conv_algorithm($name, kernel::conv2d::<f32>, kernel::conv2d::<f64>)
             });
+        }
+
+        #[test]
+        fn wrong_lengths_are_errors_before_any_write() {
+            $crate::cpu::test_util::check_conv_lengths(kernel::conv2d::<f32>);
         }
     };
 }

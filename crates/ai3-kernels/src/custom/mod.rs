@@ -8,11 +8,13 @@
 //! batch, so selecting `'custom'` can be refused up front with the file to edit.
 //!
 //! The wrappers here take slices and parameter structs like every other
-//! kernel, and turn C++ exceptions into [`CustomError`]; none ever unwinds
-//! into Rust.
+//! kernel, check the buffers' lengths against the shapes they hand C++ (in
+//! release builds too: C++ writes through the pointers), and turn C++
+//! exceptions into [`CustomError`]; none ever unwinds into Rust.
 
 use std::sync::OnceLock;
 
+use crate::alloc::{check_len, checked_product, try_zeroed_vec, KernelError};
 use crate::cpu::pad::{pad2d, PadMode};
 use crate::params::{
     AdaptivePool2dParams, AvgPoolOptions, Conv2dParams, LinearParams, Padding2d, Pool2dParams,
@@ -144,6 +146,15 @@ pub enum CustomError {
     NotImplemented,
     /// It threw; the exception's message.
     Failed(String),
+    /// It was not called: a buffer had the wrong length, or a copy made for
+    /// it (uneven padding) overflowed or could not be allocated.
+    Kernel(KernelError),
+}
+
+impl From<KernelError> for CustomError {
+    fn from(e: KernelError) -> Self {
+        CustomError::Kernel(e)
+    }
 }
 
 /// The directory `build.rs` compiled the user's sources from.
@@ -261,21 +272,30 @@ fn dtype_code<T: Float>() -> u8 {
     }
 }
 
-/// A view of `data` with `shape`. The address of an empty slice is still
-/// non-null and aligned, so C++ never sees a null pointer.
-fn view<T: Float>(data: &[T], shape: &[usize]) -> ffi::View {
-    debug_assert_eq!(data.len(), shape.iter().product::<usize>());
-    ffi::View {
+/// A view of `data` (the buffer `what`) with `shape`, or an error when the
+/// shape does not describe exactly `data`'s elements. The address of an
+/// empty slice is still non-null and aligned, so C++ never sees a null pointer.
+fn view<T: Float>(
+    data: &[T],
+    shape: &[usize],
+    what: &'static str,
+) -> Result<ffi::View, CustomError> {
+    check_len(what, data.len(), checked_product(what, shape)?)?;
+    Ok(ffi::View {
         data: data.as_ptr() as usize,
         dtype: dtype_code::<T>(),
-        shape: shape.iter().map(|&d| d as i64).collect(),
-    }
+        shape: shape.iter().map(|&d| dim(d)).collect(),
+    })
 }
 
 /// A view C++ writes through. Taking `&mut` keeps Rust from reading the
 /// buffer while C++ writes it.
-fn view_mut<T: Float>(data: &mut [T], shape: &[usize]) -> ffi::View {
-    view(data, shape)
+fn view_mut<T: Float>(
+    data: &mut [T],
+    shape: &[usize],
+    what: &'static str,
+) -> Result<ffi::View, CustomError> {
+    view(data, shape, what)
 }
 
 fn finish(result: Result<bool, cxx::Exception>) -> Result<(), CustomError> {
@@ -286,8 +306,10 @@ fn finish(result: Result<bool, cxx::Exception>) -> Result<(), CustomError> {
     }
 }
 
+/// A size or hyperparameter as C++ receives it; one past `i64::MAX` (which
+/// no tensor can have) saturates rather than turning negative.
 fn dim(v: usize) -> i64 {
-    v as i64
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// The user's conv2d. Uneven zero padding is applied here first, so C++
@@ -299,10 +321,13 @@ pub fn conv2d<T: Float>(
     bias: Option<&[T]>,
     output: &mut [T],
 ) -> Result<(), CustomError> {
+    p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
     let pad = p.padding;
     if pad.top != pad.bottom || pad.left != pad.right {
-        let (h, w) = (p.in_h + pad.top + pad.bottom, p.in_w + pad.left + pad.right);
-        let mut padded = vec![T::zero(); p.batch * p.in_channels * h * w];
+        const WHAT: &str = "evenly padded input copy";
+        let (h, w) = (p.padded_h(), p.padded_w());
+        let len = checked_product(WHAT, &[p.batch, p.in_channels, h, w])?;
+        let mut padded = try_zeroed_vec(len, WHAT)?;
         pad2d(
             PadMode::Zeros,
             p.batch * p.in_channels,
@@ -311,7 +336,7 @@ pub fn conv2d<T: Float>(
             pad,
             input,
             &mut padded,
-        );
+        )?;
         let q = Conv2dParams {
             in_h: h,
             in_w: w,
@@ -320,12 +345,24 @@ pub fn conv2d<T: Float>(
         };
         return conv2d(&q, &padded, weight, bias, output);
     }
-    let x = view(input, &[p.batch, p.in_channels, p.in_h, p.in_w]);
+    let x = view(
+        input,
+        &[p.batch, p.in_channels, p.in_h, p.in_w],
+        "conv2d input",
+    )?;
     let icg = p.in_channels_per_group();
-    let w = view(weight, &[p.out_channels, icg, p.kernel_h, p.kernel_w]);
-    let b = view(bias.unwrap_or(&[]), &[bias.map_or(0, <[T]>::len)]);
+    let w = view(
+        weight,
+        &[p.out_channels, icg, p.kernel_h, p.kernel_w],
+        "conv2d weight",
+    )?;
+    let b = view(
+        bias.unwrap_or(&[]),
+        &[bias.map_or(0, |_| p.out_channels)],
+        "conv2d bias",
+    )?;
     let out_shape = [p.batch, p.out_channels, p.out_h(), p.out_w()];
-    let o = view_mut(output, &out_shape);
+    let o = view_mut(output, &out_shape, "conv2d output")?;
     finish(ffi::conv2d(
         &x,
         &w,
@@ -350,17 +387,21 @@ pub fn linear<T: Float>(
     bias: Option<&[T]>,
     output: &mut [T],
 ) -> Result<(), CustomError> {
-    let x = view(input, &[p.rows, p.in_features]);
-    let w = view(weight, &[p.out_features, p.in_features]);
-    let b = view(bias.unwrap_or(&[]), &[bias.map_or(0, <[T]>::len)]);
-    let o = view_mut(output, &[p.rows, p.out_features]);
+    let x = view(input, &[p.rows, p.in_features], "linear input")?;
+    let w = view(weight, &[p.out_features, p.in_features], "linear weight")?;
+    let b = view(
+        bias.unwrap_or(&[]),
+        &[bias.map_or(0, |_| p.out_features)],
+        "linear bias",
+    )?;
+    let o = view_mut(output, &[p.rows, p.out_features], "linear output")?;
     finish(ffi::linear(&x, &w, &b, bias.is_some(), &o))
 }
 
 /// The user's relu over a tensor of `shape`.
 pub fn relu<T: Float>(shape: &[usize], input: &[T], output: &mut [T]) -> Result<(), CustomError> {
-    let x = view(input, shape);
-    let o = view_mut(output, shape);
+    let x = view(input, shape, "relu input")?;
+    let o = view_mut(output, shape, "relu output")?;
     finish(ffi::relu(&x, &o))
 }
 
@@ -377,8 +418,10 @@ pub fn maxpool2d<T: Float>(
     input: &[T],
     output: &mut [T],
 ) -> Result<(), CustomError> {
+    p.check_buffers(input.len(), output.len())?;
     let (xs, os) = pool_shapes(p);
-    let (x, o) = (view(input, &xs), view_mut(output, &os));
+    let x = view(input, &xs, "maxpool2d input")?;
+    let o = view_mut(output, &os, "maxpool2d output")?;
     finish(ffi::maxpool2d(
         &x,
         dim(p.kernel.0),
@@ -401,8 +444,10 @@ pub fn avgpool2d<T: Float>(
     input: &[T],
     output: &mut [T],
 ) -> Result<(), CustomError> {
+    p.check_buffers(input.len(), output.len())?;
     let (xs, os) = pool_shapes(p);
-    let (x, o) = (view(input, &xs), view_mut(output, &os));
+    let x = view(input, &xs, "avgpool2d input")?;
+    let o = view_mut(output, &os, "avgpool2d output")?;
     finish(ffi::avgpool2d(
         &x,
         dim(p.kernel.0),
@@ -424,8 +469,16 @@ pub fn adaptiveavgpool2d<T: Float>(
     input: &[T],
     output: &mut [T],
 ) -> Result<(), CustomError> {
-    let x = view(input, &[p.batch, p.channels, p.in_h, p.in_w]);
-    let o = view_mut(output, &[p.batch, p.channels, p.out_h, p.out_w]);
+    let x = view(
+        input,
+        &[p.batch, p.channels, p.in_h, p.in_w],
+        "adaptiveavgpool2d input",
+    )?;
+    let o = view_mut(
+        output,
+        &[p.batch, p.channels, p.out_h, p.out_w],
+        "adaptiveavgpool2d output",
+    )?;
     finish(ffi::adaptiveavgpool2d(&x, &o))
 }
 
@@ -438,8 +491,8 @@ pub fn flatten<T: Float>(
     out_shape: &[usize],
     output: &mut [T],
 ) -> Result<(), CustomError> {
-    let x = view(input, in_shape);
-    let o = view_mut(output, out_shape);
+    let x = view(input, in_shape, "flatten input")?;
+    let o = view_mut(output, out_shape, "flatten output")?;
     finish(ffi::flatten(&x, dim(start), dim(end), &o))
 }
 

@@ -23,52 +23,82 @@ use rustfft::num_complex::Complex;
 use rustfft::{Fft, FftPlanner};
 
 use super::{SharedMut, WORKSPACE_ELEMENTS};
+use crate::alloc::{
+    check_len, checked_product, try_vec_with_capacity, try_zeroed_vec, KernelError, KernelResult,
+};
 use crate::params::Conv2dParams;
 use crate::Float;
 
-/// The smallest `n' >= n` of the form 2^a 3^b 5^c (even when `even`).
-fn fft_len(n: usize, even: bool) -> usize {
-    let mut m = n.max(1);
+/// The smallest `n' >= n` of the form 2^a 3^b 5^c (with `a >= 1` when
+/// `even`), or `None` when it does not fit in `usize`.
+///
+/// Found by walking the products of powers of 3 and 5 and doubling each up
+/// to `n`: a few hundred steps whatever `n`, where testing `n, n + 1, ...`
+/// in turn would take billions of steps for a padded size of 10^12.
+fn fft_len(n: usize, even: bool) -> Option<usize> {
+    let n = n.max(1);
+    let mut best: Option<usize> = None;
+    let mut p5 = 1usize;
     loop {
-        let mut r = m;
-        for f in [2, 3, 5] {
-            while r.is_multiple_of(f) {
-                r /= f;
+        let mut p35 = p5;
+        loop {
+            let mut m = if even { p35.checked_mul(2) } else { Some(p35) };
+            while let Some(v) = m.filter(|&v| v < n) {
+                m = v.checked_mul(2);
+            }
+            if let Some(v) = m {
+                best = Some(best.map_or(v, |b| b.min(v)));
+            }
+            match p35.checked_mul(3) {
+                Some(v) if p35 < n => p35 = v,
+                _ => break,
             }
         }
-        if r == 1 && (!even || m.is_multiple_of(2)) {
-            return m;
+        match p5.checked_mul(5) {
+            Some(v) if p5 < n => p5 = v,
+            _ => break,
         }
-        m += 1;
     }
+    best
 }
 
-/// FFT sizes of a problem: `(fft_h, fft_w, fft_w / 2 + 1)`.
-pub fn fft_shape(p: &Conv2dParams) -> (usize, usize, usize) {
-    let h = fft_len(p.padded_h(), false);
-    let w = fft_len(p.padded_w(), true);
-    (h, w, w / 2 + 1)
+/// FFT sizes of a problem: `(fft_h, fft_w, fft_w / 2 + 1)`, or an overflow
+/// error when the padded input is too large for FFT sizes that fit in `usize`.
+pub fn fft_shape(p: &Conv2dParams) -> KernelResult<(usize, usize, usize)> {
+    let overflow = |what| KernelError::Overflow { what };
+    let h = fft_len(p.padded_h(), false).ok_or(overflow("FFT height"))?;
+    let w = fft_len(p.padded_w(), true).ok_or(overflow("FFT width"))?;
+    Ok((h, w, w / 2 + 1))
 }
 
 /// Scratch elements (complex values) one call needs: the spectra of a chunk of
 /// the batch plus each thread's accumulators. The registry's workspace
 /// estimate reads this.
-pub fn workspace_complex_elements(p: &Conv2dParams) -> usize {
-    let (h, w, wc) = fft_shape(p);
-    let spec = h * wc;
+pub fn workspace_complex_elements(p: &Conv2dParams) -> KernelResult<usize> {
+    const WHAT: &str = "FFT workspace";
+    let (h, w, wc) = fft_shape(p)?;
+    let spec = checked_product(WHAT, &[h, wc])?;
     let images = images_per_chunk(p, spec);
     let threads = rayon::current_num_threads();
-    images * p.in_channels * spec + threads * ((images + 1) * spec + h * w)
+    let spectra = checked_product(WHAT, &[images, p.in_channels, spec])?;
+    let per_thread = checked_product(WHAT, &[images + 1, spec])?
+        .checked_add(checked_product(WHAT, &[h, w])?)
+        .ok_or(KernelError::Overflow { what: WHAT })?;
+    spectra
+        .checked_add(checked_product(WHAT, &[threads, per_thread])?)
+        .ok_or(KernelError::Overflow { what: WHAT })
 }
 
 /// Images whose input spectra are held at once, bounding memory for big batches.
 fn images_per_chunk(p: &Conv2dParams, spec: usize) -> usize {
-    (WORKSPACE_ELEMENTS / (p.in_channels * spec).max(1)).clamp(1, p.batch.max(1))
+    (WORKSPACE_ELEMENTS / p.in_channels.saturating_mul(spec).max(1)).clamp(1, p.batch.max(1))
 }
 
-/// `e^{+2πi·k/n}` computed in f64 (exact reduction of `k` mod `n` first).
-fn twiddle<T: Float>(k: usize, n: usize) -> Complex<T> {
-    let a = 2.0 * std::f64::consts::PI * ((k % n) as f64) / n as f64;
+/// `e^{+2πi·(a·b mod n)/n}` computed in f64, the product reduced exactly
+/// (in 128 bits) whatever the sizes.
+fn twiddle<T: Float>(a: usize, b: usize, n: usize) -> Complex<T> {
+    let k = (a as u128 * b as u128 % n as u128) as usize;
+    let a = 2.0 * std::f64::consts::PI * (k as f64) / n as f64;
     let c = |v: f64| T::from_f64(v).unwrap_or_else(T::zero);
     Complex::new(c(a.cos()), c(a.sin()))
 }
@@ -90,31 +120,40 @@ struct Plan<T: Float> {
 }
 
 impl<T: Float> Plan<T> {
-    fn new(p: &Conv2dParams) -> Self {
-        let (h, w, wc) = fft_shape(p);
+    /// Plans the FFTs of `(h, w, wc)` (from [`fft_shape`]) and tabulates the
+    /// kernel's twiddles.
+    fn new(p: &Conv2dParams, (h, w, wc): (usize, usize, usize)) -> KernelResult<Self> {
+        const WHAT: &str = "FFT twiddle tables";
+        // The tables before the plans: they are the larger, and the plans'
+        // own tables (a few times h + w values) cannot be allocated fallibly.
+        let mut ehr = try_vec_with_capacity(checked_product(WHAT, &[p.kernel_h, h])?, WHAT)?;
+        let mut ehi = try_vec_with_capacity(ehr.capacity(), WHAT)?;
+        for ky in 0..p.kernel_h {
+            for u in 0..h {
+                // ky * dilation < padded_h <= h: no overflow.
+                let z: Complex<T> = twiddle(u, ky * p.dilation.0, h);
+                ehr.push(z.re);
+                ehi.push(z.im);
+            }
+        }
+        let mut ew = try_vec_with_capacity(checked_product(WHAT, &[wc, p.kernel_w])?, WHAT)?;
+        for v in 0..wc {
+            ew.extend((0..p.kernel_w).map(|kx| twiddle(v, kx * p.dilation.1, w)));
+        }
         let mut real = RealFftPlanner::<T>::new();
         let mut cplx = FftPlanner::<T>::new();
         let r2c = real.plan_fft_forward(w);
         let c2r = real.plan_fft_inverse(w);
         let col_fwd = cplx.plan_fft_forward(h);
         let col_inv = cplx.plan_fft_inverse(h);
-        let eh: Vec<Complex<T>> = (0..p.kernel_h)
-            .flat_map(|ky| (0..h).map(move |u| twiddle(u * ky * p.dilation.0, h)))
-            .collect();
-        let eh = (
-            eh.iter().map(|z| z.re).collect(),
-            eh.iter().map(|z| z.im).collect(),
-        );
-        let ew = (0..wc)
-            .flat_map(|v| (0..p.kernel_w).map(move |kx| twiddle(v * kx * p.dilation.1, w)))
-            .collect();
+        let eh = (ehr, ehi);
         let scratch_len = r2c
             .get_scratch_len()
             .max(c2r.get_scratch_len())
             .max(col_fwd.get_inplace_scratch_len())
             .max(col_inv.get_inplace_scratch_len())
             .max(1);
-        Self {
+        Ok(Self {
             h,
             w,
             wc,
@@ -125,7 +164,7 @@ impl<T: Float> Plan<T> {
             eh,
             ew,
             scratch_len,
-        }
+        })
     }
 
     /// Complex values in one spectrum.
@@ -149,17 +188,20 @@ struct Buffers<T: Float> {
 }
 
 impl<T: Float> Buffers<T> {
-    fn new(plan: &Plan<T>) -> Self {
-        let z = Complex::new(T::zero(), T::zero());
-        Self {
-            real: vec![T::zero(); plan.w],
-            rows: vec![z; plan.wc],
-            scratch: vec![z; plan.scratch_len],
-            cols: vec![z; plan.spec()],
-            acc: Vec::new(),
-            kern: vec![T::zero(); 2 * plan.h],
-            taps: Vec::new(),
-        }
+    /// Buffers for the FFTs, with accumulators for `images` images and the
+    /// taps of a `kh`-row kernel (none of either for the forward transforms).
+    fn new(plan: &Plan<T>, images: usize, kh: usize) -> KernelResult<Self> {
+        const WHAT: &str = "per-thread FFT buffers";
+        let acc = checked_product(WHAT, &[images, 2, plan.spec()])?;
+        Ok(Self {
+            real: try_zeroed_vec(plan.w, WHAT)?,
+            rows: try_zeroed_vec(plan.wc, WHAT)?,
+            scratch: try_zeroed_vec(plan.scratch_len, WHAT)?,
+            cols: try_zeroed_vec(plan.spec(), WHAT)?,
+            acc: try_zeroed_vec(acc, WHAT)?,
+            kern: try_zeroed_vec(2 * plan.h, WHAT)?,
+            taps: try_zeroed_vec(checked_product(WHAT, &[kh, plan.wc])?, WHAT)?,
+        })
     }
 }
 
@@ -168,47 +210,60 @@ impl<T: Float> Buffers<T> {
 /// Filter spectra depend on the FFT size and so on the input size: they are
 /// computed per call, once per (output channel, input channel) for each chunk
 /// of the batch.
+///
+/// Fails, before writing anything, when a buffer has the wrong length or the
+/// spectra (at least as large as the padded input) overflow or cannot be
+/// allocated; a refused per-thread buffer fails the call too (some of the
+/// output may then have been written).
 pub fn conv2d<T: Float>(
     p: &Conv2dParams,
     input: &[T],
     weight: &[T],
     bias: Option<&[T]>,
     output: &mut [T],
-) {
-    p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
-    debug_assert_eq!(weight.len(), p.weight_len());
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
     if p.output_len() == 0 {
-        return;
+        return Ok(());
     }
-    let plan = Plan::<T>::new(p);
-    let spec2 = 2 * plan.spec();
-    let chunk = images_per_chunk(p, plan.spec());
+    const WHAT: &str = "FFT input spectra";
+    let shape = fft_shape(p)?;
+    let spec = checked_product(WHAT, &[shape.0, shape.2])?;
+    let spec2 = checked_product(WHAT, &[2, spec])?;
+    let chunk = images_per_chunk(p, spec);
     // Split layout: per (image, channel) `[2, wc, fft_h]`, real parts first.
-    let mut spectra = vec![T::zero(); chunk * p.in_channels * spec2];
+    let mut spectra = try_zeroed_vec(checked_product(WHAT, &[chunk, p.in_channels, spec2])?, WHAT)?;
+    let plan = Plan::<T>::new(p, shape)?;
     let out = SharedMut(output.as_mut_ptr());
     let plane_out = p.out_h() * p.out_w();
     for n0 in (0..p.batch).step_by(chunk) {
         let nb = chunk.min(p.batch - n0);
         let spectra = &mut spectra[..nb * p.in_channels * spec2];
+        // Each thread's buffers: a refused allocation fails that thread's
+        // tasks, and the first such error is the call's.
         spectra
             .par_chunks_mut(spec2)
             .with_min_len(super::min_len(p))
             .enumerate()
-            .for_each_init(
-                || Buffers::new(&plan),
-                |buf, (i, dst)| {
+            .try_for_each_init(
+                || Buffers::new(&plan, 0, 0),
+                |buf, (i, dst)| -> KernelResult<()> {
+                    let buf = buf.as_mut().map_err(|e| e.clone())?;
                     let plane_len = p.in_h * p.in_w;
                     let plane = &input[(n0 * p.in_channels + i) * plane_len..][..plane_len];
                     forward(p, &plan, plane, dst, buf);
+                    Ok(())
                 },
-            );
+            )?;
         let spectra = &*spectra;
         (0..p.out_channels)
             .into_par_iter()
             .with_min_len(super::min_len(p))
-            .for_each_init(
-                || Buffers::new(&plan),
-                |buf, o| {
+            .try_for_each_init(
+                || Buffers::new(&plan, nb, p.kernel_h),
+                |buf, o| -> KernelResult<()> {
+                    let buf = buf.as_mut().map_err(|e| e.clone())?;
                     accumulate(p, &plan, o, nb, spectra, weight, buf);
                     for i in 0..nb {
                         let start = ((n0 + i) * p.out_channels + o) * plane_out;
@@ -218,9 +273,11 @@ pub fn conv2d<T: Float>(
                         let b = bias.map_or(T::zero(), |b| b[o]);
                         inverse(p, &plan, i, b, dst, buf);
                     }
+                    Ok(())
                 },
-            );
+            )?;
     }
+    Ok(())
 }
 
 /// The `len` elements of the shared output starting at `start`.
@@ -285,9 +342,8 @@ fn accumulate<T: Float>(
     let icg = p.in_channels_per_group();
     let g = o / p.out_channels_per_group();
     let zero = Complex::new(T::zero(), T::zero());
-    buf.acc.clear();
-    buf.acc.resize(nb * 2 * spec, T::zero());
-    buf.taps.resize(kh * wc, zero);
+    // Sized by `Buffers::new` for this chunk.
+    buf.acc[..nb * 2 * spec].fill(T::zero());
     let (ehr, ehi) = (&plan.eh.0, &plan.eh.1);
     for c in 0..icg {
         let w = &weight[(o * icg + c) * kh * kw..][..kh * kw];
@@ -310,12 +366,7 @@ fn accumulate<T: Float>(
             ki.fill(T::zero());
             for ky in 0..kh {
                 let t = buf.taps[ky * wc + v];
-                let er = &ehr[ky * h..][..h];
-                let ei = &ehi[ky * h..][..h];
-                for (((kr, ki), &er), &ei) in kr.iter_mut().zip(ki.iter_mut()).zip(er).zip(ei) {
-                    *kr += er * t.re - ei * t.im;
-                    *ki += er * t.im + ei * t.re;
-                }
+                add_scaled(kr, ki, &ehr[ky * h..][..h], &ehi[ky * h..][..h], t);
             }
             for i in 0..nb {
                 let x = &spectra[(i * p.in_channels + ci) * 2 * spec..][..2 * spec];
@@ -324,13 +375,39 @@ fn accumulate<T: Float>(
                 let (ar, ai) = buf.acc[i * 2 * spec..][..2 * spec].split_at_mut(spec);
                 let ar = &mut ar[v * h..][..h];
                 let ai = &mut ai[v * h..][..h];
-                for u in 0..h {
-                    let (x_r, x_i, k_r, k_i) = (xr[u], xi[u], kr[u], ki[u]);
-                    ar[u] += x_r * k_r - x_i * k_i;
-                    ai[u] += x_r * k_i + x_i * k_r;
-                }
+                add_product(ar, ai, (xr, xi), (kr, ki));
             }
         }
+    }
+}
+
+/// `(re, im) += (er, ei) * t`, elementwise in split complex form.
+///
+/// The loops of [`accumulate`] live in functions of their own, whose slice
+/// arguments the compiler knows do not alias, and index slices cut to one
+/// length, so they vectorise whatever the code around them.
+fn add_scaled<T: Float>(re: &mut [T], im: &mut [T], er: &[T], ei: &[T], t: Complex<T>) {
+    let n = re.len();
+    let (im, er, ei) = (&mut im[..n], &er[..n], &ei[..n]);
+    for u in 0..n {
+        re[u] += er[u] * t.re - ei[u] * t.im;
+        im[u] += er[u] * t.im + ei[u] * t.re;
+    }
+}
+
+/// `(ar, ai) += (xr, xi) * (kr, ki)`, elementwise in split complex form.
+fn add_product<T: Float>(
+    ar: &mut [T],
+    ai: &mut [T],
+    (xr, xi): (&[T], &[T]),
+    (kr, ki): (&[T], &[T]),
+) {
+    let n = ar.len();
+    let (ai, xr, xi, kr, ki) = (&mut ai[..n], &xr[..n], &xi[..n], &kr[..n], &ki[..n]);
+    for u in 0..n {
+        let (x_r, x_i, k_r, k_i) = (xr[u], xi[u], kr[u], ki[u]);
+        ar[u] += x_r * k_r - x_i * k_i;
+        ai[u] += x_r * k_i + x_i * k_r;
     }
 }
 
@@ -379,12 +456,66 @@ mod tests {
 
     #[test]
     fn fft_len_is_smooth_and_minimal() {
-        assert_eq!(fft_len(7, false), 8);
-        assert_eq!(fft_len(11, false), 12);
-        assert_eq!(fft_len(58, true), 60);
-        assert_eq!(fft_len(49, true), 50);
-        assert_eq!(fft_len(13, true), 16);
-        assert_eq!(fft_len(1, false), 1);
+        assert_eq!(fft_len(7, false), Some(8));
+        assert_eq!(fft_len(11, false), Some(12));
+        assert_eq!(fft_len(58, true), Some(60));
+        assert_eq!(fft_len(49, true), Some(50));
+        assert_eq!(fft_len(13, true), Some(16));
+        assert_eq!(fft_len(1, false), Some(1));
+        assert_eq!(fft_len(1, true), Some(2));
+        let smooth = |mut m: usize| {
+            for f in [2, 3, 5] {
+                while m.is_multiple_of(f) {
+                    m /= f;
+                }
+            }
+            m == 1
+        };
+        for n in 1..3000 {
+            for even in [false, true] {
+                let want = (n..).find(|&m| smooth(m) && (!even || m.is_multiple_of(2)));
+                assert_eq!(fft_len(n, even), want, "{n} {even}");
+            }
+        }
+    }
+
+    #[test]
+    fn fft_len_of_huge_sizes_is_quick_and_never_overflows() {
+        // 2^40 is smooth; walking up from 10^12 one at a time took minutes.
+        assert_eq!(fft_len(1 << 40, false), Some(1 << 40));
+        let m = fft_len(1_000_000_000_001, true).unwrap();
+        assert!(m > 1_000_000_000_001 && m.is_multiple_of(2) && m <= 1 << 40);
+        assert_eq!(fft_len(usize::MAX, false), None);
+        assert_eq!(fft_len(1 << 63, true), Some(1 << 63));
+        // 2^10 * 3^10 * 5^16 is the next even smooth number; none lies in [2^64 - 2, 2^64).
+        assert_eq!(
+            fft_len((1 << 63) + 1, true),
+            Some(9_226_406_250_000_000_000)
+        );
+        assert_eq!(fft_len(usize::MAX - 1, true), None);
+    }
+
+    #[test]
+    fn wrong_lengths_are_errors_before_any_write() {
+        crate::cpu::test_util::check_conv_lengths(conv2d::<f32>);
+    }
+
+    #[test]
+    fn huge_padding_is_an_allocation_error() {
+        crate::cpu::test_util::check_conv_refuses_huge_padding(conv2d::<f32>);
+    }
+
+    #[test]
+    fn twiddles_reduce_products_exactly() {
+        // big * big overflows 64 bits. 2^3 = 1 mod 7, so 2^62 = 4 and
+        // big = 5 mod 7, and big * big = 25 = 4 mod 7.
+        let big = (1usize << 62) + 1;
+        let z: Complex<f64> = twiddle(big, big, 7);
+        let angle = 2.0 * std::f64::consts::PI * 4.0 / 7.0;
+        assert!(
+            (z - Complex::new(angle.cos(), angle.sin())).norm() < 1e-12,
+            "{z}"
+        );
     }
 
     #[test]

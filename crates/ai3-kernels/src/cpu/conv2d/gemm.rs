@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use gemm::Parallelism;
 
 use super::{for_each_image_group, valid_range, with_scratch, SharedMut};
+use crate::alloc::{check_len, KernelResult};
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::params::Conv2dParams;
 use crate::Float;
@@ -35,15 +36,19 @@ const MAX_COL_BLOCK: usize = 2048;
 ///
 /// A 1x1 kernel with stride 1 and no padding skips im2col: the input plane
 /// already is the column matrix.
+///
+/// Fails, before writing anything, when a buffer has the wrong length; the
+/// column blocks are bounded in size, and one refused allocation of them
+/// fails the call (some of the output may then have been written).
 pub fn conv2d<T: Float>(
     p: &Conv2dParams,
     input: &[T],
     weight: &[T],
     bias: Option<&[T]>,
     output: &mut [T],
-) {
-    p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
-    debug_assert_eq!(weight.len(), p.weight_len());
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
 
     let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
@@ -128,10 +133,10 @@ pub fn conv2d<T: Float>(
                     with_scratch::<T, _>(k * width, |col| {
                         im2col(p, img, c0, width, col, true);
                         row_chunks(c0, width, unrolled(col, width));
-                    });
+                    })?;
                 }
             }
-            return;
+            return Ok(());
         }
 
         // Column blocks small enough that the unrolled block (and the output
@@ -149,24 +154,25 @@ pub fn conv2d<T: Float>(
         let blocks = ohw.div_ceil(block).div_ceil(threads) * threads;
         let block = ohw.div_ceil(blocks.min(ohw));
         let blocks = ohw.div_ceil(block);
-        let run_block = |b: usize| {
+        let run_block = |b: usize| -> KernelResult<()> {
             let c0 = b * block;
             let width = block.min(ohw - c0);
             if pointwise {
                 multiply(0..ocg, c0, width, plane(c0));
+                Ok(())
             } else {
                 with_scratch::<T, _>(k * width, |col| {
                     im2col(p, img, c0, width, col, false);
                     multiply(0..ocg, c0, width, unrolled(col, width));
-                });
+                })
             }
         };
         if threads > 1 {
-            (0..blocks).into_par_iter().for_each(run_block);
+            (0..blocks).into_par_iter().try_for_each(run_block)
         } else {
-            (0..blocks).for_each(run_block);
+            (0..blocks).try_for_each(run_block)
         }
-    });
+    })
 }
 
 /// Fills `col` (`[icg * kh * kw, width]`) with the input values seen by
@@ -323,7 +329,26 @@ mod tests {
         let weight = rng.vec(p.weight_len());
         let want = reference_conv(&p, &input, &weight, None);
         let mut out = vec![f32::NAN; p.output_len()];
-        conv2d(&p, &cast(&input), &cast(&weight), None, &mut out);
+        conv2d(&p, &cast(&input), &cast(&weight), None, &mut out).unwrap();
         assert_close(&out, &want, 1e-4, "gemm blocked");
+    }
+
+    #[test]
+    fn wrong_lengths_are_errors_before_any_write() {
+        crate::cpu::test_util::check_conv_lengths(super::conv2d::<f32>);
+    }
+
+    #[test]
+    fn huge_padding_needs_no_padded_copy() {
+        // im2col reads around the padding, so what direct and SMM refuse
+        // (a terabyte-sized padded copy) gemm computes.
+        let p = crate::cpu::test_util::hugely_padded_problem();
+        let mut rng = Rng::new(4);
+        let input = rng.vec(p.input_len());
+        let weight = rng.vec(p.weight_len());
+        let want = reference_conv(&p, &input, &weight, None);
+        let mut out = vec![f32::NAN; p.output_len()];
+        conv2d(&p, &cast(&input), &cast(&weight), None, &mut out).unwrap();
+        assert_close(&out, &want, 1e-4, "gemm hugely padded");
     }
 }

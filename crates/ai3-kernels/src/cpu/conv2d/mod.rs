@@ -17,6 +17,7 @@ mod padded;
 
 use rayon::prelude::*;
 
+use crate::alloc::KernelResult;
 pub(crate) use crate::cpu::scratch::with_scratch;
 use crate::params::Conv2dParams;
 
@@ -102,15 +103,19 @@ pub(crate) struct TaskBudget {
 /// With at least as many pairs as threads (large batches, depthwise) the pairs
 /// run in parallel, each single-threaded with a share of the workspace;
 /// otherwise they run in turn and parallelise inside, so small batches still
-/// use every core.
-pub(crate) fn for_each_image_group<T, F>(p: &Conv2dParams, output: &mut [T], task: F)
+/// use every core. The first task error (a refused allocation) is returned.
+pub(crate) fn for_each_image_group<T, F>(
+    p: &Conv2dParams,
+    output: &mut [T],
+    task: F,
+) -> KernelResult<()>
 where
     T: Send,
-    F: Fn(usize, usize, &mut [T], TaskBudget) + Sync,
+    F: Fn(usize, usize, &mut [T], TaskBudget) -> KernelResult<()> + Sync,
 {
     let block = p.out_channels_per_group() * p.out_h() * p.out_w();
     if block == 0 {
-        return;
+        return Ok(());
     }
     let tasks = p.batch * p.groups;
     let threads = threads_for(p);
@@ -122,7 +127,7 @@ where
         output
             .par_chunks_mut(block)
             .enumerate()
-            .for_each(|(t, out)| task(t / p.groups, t % p.groups, out, budget));
+            .try_for_each(|(t, out)| task(t / p.groups, t % p.groups, out, budget))
     } else {
         let budget = TaskBudget {
             workspace: WORKSPACE_ELEMENTS,
@@ -131,7 +136,7 @@ where
         output
             .chunks_mut(block)
             .enumerate()
-            .for_each(|(t, out)| task(t / p.groups, t % p.groups, out, budget));
+            .try_for_each(|(t, out)| task(t / p.groups, t % p.groups, out, budget))
     }
 }
 

@@ -11,6 +11,7 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::{checked_product, try_vec_with_capacity, try_zeroed_vec, KernelResult};
 use crate::params::Conv2dParams;
 use crate::Float;
 
@@ -34,17 +35,22 @@ pub(crate) struct Padded<T> {
 
 impl<T: Float> Padded<T> {
     /// Copies `input` (NCHW) into the padded, phase-split layout, in parallel
-    /// over channel planes.
-    pub fn new(p: &Conv2dParams, input: &[T]) -> Self {
+    /// over channel planes. `p` has passed [`Conv2dParams::check_sizes`]; the
+    /// copy's own size may still overflow or be refused (huge padding).
+    pub fn new(p: &Conv2dParams, input: &[T]) -> KernelResult<Self> {
+        const WHAT: &str = "padded input copy";
         let sw = p.stride.1;
         let hp = p.padded_h();
         let wp = p.padded_w();
         let wq = wp.div_ceil(sw);
-        let row_stride = sw * wq;
-        let chan_stride = hp * row_stride;
-        let img_stride = p.in_channels * chan_stride;
+        let row_stride = checked_product(WHAT, &[sw, wq])?;
+        let chan_stride = checked_product(WHAT, &[hp, row_stride])?;
+        let img_stride = checked_product(WHAT, &[p.in_channels, chan_stride])?;
         let planes = p.batch * p.in_channels;
-        let mut buf = vec![T::zero(); planes * chan_stride + SLACK];
+        let len = checked_product(WHAT, &[planes, chan_stride])?
+            .checked_add(SLACK)
+            .ok_or(crate::KernelError::Overflow { what: WHAT })?;
+        let mut buf = try_zeroed_vec(len, WHAT)?;
         let plane_in = p.in_h * p.in_w;
         let (pt, pl) = (p.padding.top, p.padding.left);
         if plane_in > 0 && chan_stride > 0 {
@@ -73,28 +79,28 @@ impl<T: Float> Padded<T> {
                     }
                 });
         }
-        Padded {
+        Ok(Padded {
             buf,
             wq,
             row_stride,
             chan_stride,
             img_stride,
-        }
+        })
     }
 
     /// Offset of kernel tap `(ky, kx)` relative to the read position of its
     /// output pixel's top-left tap, for every tap in row-major order.
-    pub fn tap_offsets(&self, p: &Conv2dParams) -> Vec<usize> {
+    pub fn tap_offsets(&self, p: &Conv2dParams) -> KernelResult<Vec<usize>> {
         let (dh, dw) = p.dilation;
         let sw = p.stride.1;
-        let mut taps = Vec::with_capacity(p.kernel_h * p.kernel_w);
+        let mut taps = try_vec_with_capacity(p.kernel_h * p.kernel_w, "kernel tap offsets")?;
         for ky in 0..p.kernel_h {
             for kx in 0..p.kernel_w {
                 let c = kx * dw;
                 taps.push(ky * dh * self.row_stride + (c % sw) * self.wq + c / sw);
             }
         }
-        taps
+        Ok(taps)
     }
 
     /// Offset, within one image's channel plane, of output pixel `(y, x)`'s

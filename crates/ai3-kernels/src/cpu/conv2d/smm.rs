@@ -22,6 +22,7 @@ use std::any::TypeId;
 use rayon::prelude::*;
 
 use super::padded::{Padded, SendPtr};
+use crate::alloc::{check_len, checked_product, try_zeroed_vec, KernelResult};
 use crate::params::Conv2dParams;
 use crate::Float;
 
@@ -56,14 +57,18 @@ type PassFn<T> = unsafe fn(&Pass<T>);
 /// Parallel over (image, group, output-channel block, row tile). Supports
 /// stride, dilation, asymmetric zero padding and groups (including
 /// depthwise).
+///
+/// Fails, before writing anything, when a buffer has the wrong length, and
+/// when the padded copy of the input or a buffer overflows or cannot be
+/// allocated.
 pub fn conv2d<T: Float>(
     p: &Conv2dParams,
     input: &[T],
     weight: &[T],
     bias: Option<&[T]>,
     output: &mut [T],
-) {
-    run(p, input, weight, bias, output, false);
+) -> KernelResult<()> {
+    run(p, input, weight, bias, output, false)
 }
 
 /// [`conv2d`], optionally with the portable kernels whatever the CPU.
@@ -74,14 +79,14 @@ fn run<T: Float>(
     bias: Option<&[T]>,
     output: &mut [T],
     portable: bool,
-) {
-    p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
-    debug_assert_eq!(weight.len(), p.weight_len());
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
 
     let (oh, ow) = (p.out_h(), p.out_w());
     let plane_out = oh * ow;
     if output.is_empty() {
-        return;
+        return Ok(());
     }
     let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
@@ -91,8 +96,8 @@ fn run<T: Float>(
     let owp = ow.div_ceil(vl) * vl;
     let passes = select::<T>(portable);
 
-    let pad = Padded::new(p, input);
-    let taps = pad.tap_offsets(p);
+    let pad = Padded::new(p, input)?;
+    let taps = pad.tap_offsets(p)?;
     let src_stride = p.stride.0 * pad.row_stride;
 
     // Tile: `mo` output channels x `rows` output rows, accumulators in L1.
@@ -106,7 +111,10 @@ fn run<T: Float>(
     // Weights of each (group, block) as [c][ky][m][kx], so one pass's
     // weights are `w_stride = kw` apart per channel.
     let wblock = icg * kh * mo * kw;
-    let mut packed = vec![T::zero(); p.groups * nob * wblock];
+    let mut packed = try_zeroed_vec(
+        checked_product("packed SMM weights", &[p.groups, nob, wblock])?,
+        "packed SMM weights",
+    )?;
     packed
         .par_chunks_mut(wblock)
         .with_min_len(super::min_len(p))
@@ -127,12 +135,16 @@ fn run<T: Float>(
         });
 
     let out = SendPtr(output.as_mut_ptr());
+    // Each thread's accumulators: a refused allocation fails that thread's
+    // tasks, and the first such error is the call's.
+    let acc_len = mo * rows * owp + vl;
     (0..ntasks)
         .into_par_iter()
         .with_min_len(super::min_len(p))
-        .for_each_init(
-            || vec![T::zero(); mo * rows * owp + vl],
-            |buf, t| {
+        .try_for_each_init(
+            || try_zeroed_vec::<T>(acc_len, "SMM accumulator tile"),
+            |buf, t| -> KernelResult<()> {
+                let buf = buf.as_mut().map_err(|e| e.clone())?;
                 let out = &out;
                 // Whole-vector, 64-byte aligned accumulator rows.
                 let align = buf.as_ptr().align_offset(64).min(vl);
@@ -187,8 +199,9 @@ fn run<T: Float>(
                         unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), out.0.add(dst), ow) };
                     }
                 }
+                Ok(())
             },
-        );
+        )
 }
 
 /// The fastest fused-pass kernels for `T`, indexed by the number of taps - 1.
@@ -320,4 +333,9 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     crate::cpu::test_util::blocked_conv_tests!("smm", crate::cpu::conv2d::smm);
+
+    #[test]
+    fn huge_padding_is_an_allocation_error() {
+        crate::cpu::test_util::check_conv_refuses_huge_padding(super::conv2d::<f32>);
+    }
 }

@@ -1,39 +1,55 @@
 //! Adaptive average and max pooling.
 
-use super::for_each_plane;
+use super::{for_each_plane, try_table};
+use crate::alloc::KernelResult;
 use crate::params::AdaptivePool2dParams;
 use crate::Float;
 
-/// Input range `[floor(o * len / out), ceil((o + 1) * len / out))` pooled into output `o`.
+/// Input range `[floor(o * len / out), ceil((o + 1) * len / out))` pooled
+/// into output `o`, computed in 128 bits so large sizes cannot overflow.
 #[inline]
 fn bounds(o: usize, len: usize, out: usize) -> (usize, usize) {
-    (o * len / out, ((o + 1) * len).div_ceil(out))
+    let (o, len, out) = (o as u128, len as u128, out as u128);
+    (
+        (o * len / out) as usize,
+        ((o + 1) * len).div_ceil(out) as usize,
+    )
 }
 
 /// Writes `reduce(window)` for every adaptive window of every plane; a window
 /// is given as the input plane, its row range and its column range.
-fn for_each_window<T: Float, F>(p: &AdaptivePool2dParams, input: &[T], output: &mut [T], reduce: F)
+fn for_each_window<T: Float, F>(
+    p: &AdaptivePool2dParams,
+    input: &[T],
+    output: &mut [T],
+    reduce: F,
+) -> KernelResult<()>
 where
     F: Fn(&[T], (usize, usize), (usize, usize)) -> T + Sync,
 {
-    debug_assert_eq!(input.len(), p.input_len());
-    debug_assert_eq!(output.len(), p.output_len());
+    p.check_buffers(input.len(), output.len())?;
     let (oh, ow) = (p.out_h, p.out_w);
-    let rows: Vec<_> = (0..oh).map(|y| bounds(y, p.in_h, oh)).collect();
-    let cols: Vec<_> = (0..ow).map(|x| bounds(x, p.in_w, ow)).collect();
+    let rows = try_table(oh, |y| bounds(y, p.in_h, oh))?;
+    let cols = try_table(ow, |x| bounds(x, p.in_w, ow))?;
     for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
         for (y, &r) in rows.iter().enumerate() {
             for (x, &c) in cols.iter().enumerate() {
                 dst[y * ow + x] = reduce(src, r, c);
             }
         }
-    });
+        Ok(())
+    })
 }
 
 /// 2-D adaptive average pooling as PyTorch's `adaptive_avg_pool2d`: output
 /// `o` averages the input range `[floor(o * in / out), ceil((o + 1) * in / out))`
-/// in each dimension (ranges may overlap).
-pub fn adaptive_avgpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], output: &mut [T]) {
+/// in each dimension (ranges may overlap). A buffer of the wrong length is an
+/// error before anything is written.
+pub fn adaptive_avgpool2d<T: Float>(
+    p: &AdaptivePool2dParams,
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
     let w = p.in_w;
     for_each_window(p, input, output, |src, (h0, h1), (w0, w1)| {
         let mut sum = T::zero();
@@ -44,12 +60,16 @@ pub fn adaptive_avgpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], outpu
         }
         let count = (h1 - h0) * (w1 - w0);
         sum / T::from_usize(count).unwrap_or_else(T::nan)
-    });
+    })
 }
 
 /// 2-D adaptive max pooling as PyTorch's `adaptive_max_pool2d`, with the
 /// windows of [`adaptive_avgpool2d`]; a NaN in a window makes its output NaN.
-pub fn adaptive_maxpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], output: &mut [T]) {
+pub fn adaptive_maxpool2d<T: Float>(
+    p: &AdaptivePool2dParams,
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
     let w = p.in_w;
     for_each_window(p, input, output, |src, (h0, h1), (w0, w1)| {
         let mut acc = T::neg_infinity();
@@ -62,7 +82,7 @@ pub fn adaptive_maxpool2d<T: Float>(p: &AdaptivePool2dParams, input: &[T], outpu
             }
         }
         acc
-    });
+    })
 }
 
 #[cfg(test)]
@@ -105,11 +125,11 @@ mod tests {
             };
             let x = rng.vec(p.input_len());
             let mut out = vec![f64::NAN; p.output_len()];
-            adaptive_maxpool2d(&p, &x, &mut out);
+            adaptive_maxpool2d(&p, &x, &mut out).unwrap();
             assert_eq!(out, naive_max(&p, &x), "{p:?}");
             let mut out32 = vec![f32::NAN; p.output_len()];
             let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-            adaptive_maxpool2d(&p, &x32, &mut out32);
+            adaptive_maxpool2d(&p, &x32, &mut out32).unwrap();
             let want: Vec<f32> = naive_max(&p, &x).iter().map(|&v| v as f32).collect();
             assert_eq!(out32, want);
         }
@@ -122,7 +142,7 @@ mod tests {
             out_w: 2,
         };
         let mut out = [0.0f32; 2];
-        adaptive_maxpool2d(&p, &[1.0, f32::NAN, 3.0, 4.0], &mut out);
+        adaptive_maxpool2d(&p, &[1.0, f32::NAN, 3.0, 4.0], &mut out).unwrap();
         assert!(out[0].is_nan());
         assert_eq!(out[1], 4.0);
     }
@@ -140,7 +160,7 @@ mod tests {
             out_w: 3,
         };
         let mut out = [f64::NAN; 3];
-        adaptive_avgpool2d(&p, &x, &mut out);
+        adaptive_avgpool2d(&p, &x, &mut out).unwrap();
         assert_eq!(out, [1.5, 3.0, 4.5]);
     }
 
@@ -156,7 +176,7 @@ mod tests {
             out_w: 1,
         };
         let mut out = vec![f32::NAN; 6];
-        adaptive_avgpool2d(&p, &x, &mut out);
+        adaptive_avgpool2d(&p, &x, &mut out).unwrap();
         for (i, v) in out.iter().enumerate() {
             let plane = &x[i * 24..(i + 1) * 24];
             assert_eq!(*v, plane.iter().sum::<f32>() / 24.0);
@@ -164,7 +184,7 @@ mod tests {
         p.out_h = 4;
         p.out_w = 6;
         let mut same = vec![f32::NAN; x.len()];
-        adaptive_avgpool2d(&p, &x, &mut same);
+        adaptive_avgpool2d(&p, &x, &mut same).unwrap();
         assert_eq!(same, x);
     }
 
@@ -181,7 +201,7 @@ mod tests {
             out_w: 3,
         };
         let mut out = [f64::NAN; 9];
-        adaptive_avgpool2d(&p, &x, &mut out);
+        adaptive_avgpool2d(&p, &x, &mut out).unwrap();
         assert_eq!(out, [1.0, 1.5, 2.0, 2.0, 2.5, 3.0, 3.0, 3.5, 4.0]);
     }
 }

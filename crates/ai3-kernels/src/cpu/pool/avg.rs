@@ -1,6 +1,7 @@
 //! Average pooling.
 
-use super::for_each_plane;
+use super::{for_each_plane, try_table};
+use crate::alloc::{KernelError, KernelResult};
 use crate::params::{AvgPoolOptions, Pool2dParams};
 use crate::Float;
 
@@ -28,18 +29,27 @@ fn window(
 /// not the part past the right padding that `ceil_mode` can add) when
 /// `count_include_pad`, else the number of input elements in the window.
 ///
-/// `p.dilation` must be `(1, 1)`.
-pub fn avgpool2d<T: Float>(p: &Pool2dParams, opts: &AvgPoolOptions, input: &[T], output: &mut [T]) {
-    debug_assert_eq!(input.len(), p.input_len());
-    debug_assert_eq!(output.len(), p.output_len());
-    debug_assert_eq!(p.dilation, (1, 1));
+/// `p.dilation` must be `(1, 1)`. A buffer of the wrong length is an error
+/// before anything is written.
+pub fn avgpool2d<T: Float>(
+    p: &Pool2dParams,
+    opts: &AvgPoolOptions,
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), output.len())?;
+    if p.dilation != (1, 1) {
+        return Err(KernelError::Precondition {
+            what: "average pooling has no dilation",
+        });
+    }
     let (oh, ow) = (p.out_h(), p.out_w());
-    let rows: Vec<_> = (0..oh)
-        .map(|y| window(y, p.stride.0, p.padding.0, p.kernel.0, p.in_h))
-        .collect();
-    let cols: Vec<_> = (0..ow)
-        .map(|x| window(x, p.stride.1, p.padding.1, p.kernel.1, p.in_w))
-        .collect();
+    let rows = try_table(oh, |y| {
+        window(y, p.stride.0, p.padding.0, p.kernel.0, p.in_h)
+    })?;
+    let cols = try_table(ow, |x| {
+        window(x, p.stride.1, p.padding.1, p.kernel.1, p.in_w)
+    })?;
     for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
         for (y, &(hs, he, h0, h1)) in rows.iter().enumerate() {
             for (x, &(ws, we, w0, w1)) in cols.iter().enumerate() {
@@ -57,7 +67,8 @@ pub fn avgpool2d<T: Float>(p: &Pool2dParams, opts: &AvgPoolOptions, input: &[T],
                 dst[y * ow + x] = sum / T::from_usize(divisor).unwrap_or_else(T::nan);
             }
         }
-    });
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -139,15 +150,15 @@ mod tests {
         let p = params(3, 3, (2, 2), (2, 2), (1, 1), false);
         assert_eq!((p.out_h(), p.out_w()), (2, 2));
         let mut out = [f64::NAN; 4];
-        avgpool2d(&p, &INCLUDE, &x, &mut out);
+        avgpool2d(&p, &INCLUDE, &x, &mut out).unwrap();
         assert_eq!(out, [1.0 / 4.0, 5.0 / 4.0, 11.0 / 4.0, 28.0 / 4.0]);
-        avgpool2d(&p, &EXCLUDE, &x, &mut out);
+        avgpool2d(&p, &EXCLUDE, &x, &mut out).unwrap();
         assert_eq!(out, [1.0, 2.5, 5.5, 7.0]);
         let o = AvgPoolOptions {
             count_include_pad: true,
             divisor_override: Some(3),
         };
-        avgpool2d(&p, &o, &x, &mut out);
+        avgpool2d(&p, &o, &x, &mut out).unwrap();
         assert_eq!(out, [1.0 / 3.0, 5.0 / 3.0, 11.0 / 3.0, 28.0 / 3.0]);
 
         // Ceil mode on a 1x3 row, kernel 2 stride 2 without padding: the last
@@ -156,7 +167,7 @@ mod tests {
         let x = [1.0f32, 2.0, 3.0];
         let p = params(1, 3, (1, 2), (1, 2), (0, 0), true);
         let mut out = [f32::NAN; 2];
-        avgpool2d(&p, &INCLUDE, &x, &mut out);
+        avgpool2d(&p, &INCLUDE, &x, &mut out).unwrap();
         assert_eq!(out, [1.5, 3.0]);
 
         // Ceil mode with padding: the last window reaches the right padding,
@@ -165,7 +176,7 @@ mod tests {
         let p = params(1, 4, (1, 3), (1, 2), (0, 1), true);
         assert_eq!(p.out_w(), 3);
         let mut out = [f64::NAN; 3];
-        avgpool2d(&p, &INCLUDE, &x, &mut out);
+        avgpool2d(&p, &INCLUDE, &x, &mut out).unwrap();
         // Windows: [-1,2) -> 3/3, [1,4) -> 9/3, [3,5)∩[.,5) -> 4/2.
         assert_eq!(out, [1.0, 3.0, 2.0]);
     }
@@ -193,7 +204,7 @@ mod tests {
                                 p.channels = 2;
                                 let x = rng.vec(p.input_len());
                                 let mut out = vec![f64::NAN; p.output_len()];
-                                avgpool2d(&p, opts, &x, &mut out);
+                                avgpool2d(&p, opts, &x, &mut out).unwrap();
                                 assert_close(
                                     &out,
                                     &naive(&p, opts, &x),

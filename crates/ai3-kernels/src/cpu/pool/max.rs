@@ -1,6 +1,7 @@
 //! Max pooling.
 
 use super::for_each_plane;
+use crate::alloc::{checked_product, KernelResult};
 use crate::cpu::scratch::with_scratch;
 use crate::params::Pool2dParams;
 use crate::Float;
@@ -61,9 +62,11 @@ fn row_max<T: Float>(
 /// width into a per-plane scratch row, then output rows take the maximum of
 /// `kernel.0` scratch rows, a contiguous pass that vectorises. Only border
 /// positions check bounds.
-pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) {
-    debug_assert_eq!(input.len(), p.input_len());
-    debug_assert_eq!(output.len(), p.output_len());
+///
+/// A buffer of the wrong length is an error before anything is written; a
+/// refused scratch allocation fails the call.
+pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) -> KernelResult<()> {
+    p.check_buffers(input.len(), output.len())?;
     let (oh, ow) = (p.out_h(), p.out_w());
     let (kh, kw) = p.kernel;
     let (sh, sw) = p.stride;
@@ -71,10 +74,11 @@ pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) {
     let (dh, dw) = p.dilation;
     let (ih, iw) = (p.in_h, p.in_w);
     let (x_lo, x_hi) = interior(ow, iw, kw, sw, pw, dw);
+    let scratch = checked_product("max pooling row maxima", &[ih, ow])?;
     for_each_plane(input, ih * iw, output, oh * ow, |src, dst| {
         // rows[iy * ow + x]: the maximum of input row iy over output column x's
         // window; every entry is written before it is read.
-        with_scratch::<T, _>(ih * ow, |rows| {
+        with_scratch::<T, _>(scratch, |rows| {
             for (row, hmax) in src.chunks_exact(iw).zip(rows.chunks_exact_mut(ow)) {
                 row_max(row, hmax, (kw, sw, pw, dw), (x_lo, x_hi));
             }
@@ -92,8 +96,8 @@ pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) {
                     }
                 }
             }
-        });
-    });
+        })
+    })
 }
 
 #[cfg(test)]
@@ -162,7 +166,7 @@ mod tests {
         let p = params(4, 5, 2, 2, 0, 1, true);
         assert_eq!((p.out_h(), p.out_w()), (2, 3));
         let mut out = [f32::NAN; 6];
-        maxpool2d(&p, &x, &mut out);
+        maxpool2d(&p, &x, &mut out).unwrap();
         assert_eq!(out, [6., 8., 9., 16., 18., 19.]);
 
         // Padding 1 with kernel 3 stride 2 on [[-1 -2] [-3 -4]]: padding must
@@ -170,14 +174,14 @@ mod tests {
         let x = [-1.0f64, -2.0, -3.0, -4.0];
         let p = params(2, 2, 3, 2, 1, 1, false);
         let mut out = [f64::NAN; 1];
-        maxpool2d(&p, &x, &mut out);
+        maxpool2d(&p, &x, &mut out).unwrap();
         assert_eq!(out, [-1.0]);
 
         // Dilation 2 on a 3x3 ramp picks the corners.
         let x: Vec<f64> = (0..9).map(|i| -(i as f64)).collect();
         let p = params(3, 3, 2, 1, 0, 2, false);
         let mut out = [f64::NAN; 1];
-        maxpool2d(&p, &x, &mut out);
+        maxpool2d(&p, &x, &mut out).unwrap();
         assert_eq!(out, [0.0]);
     }
 
@@ -186,7 +190,7 @@ mod tests {
         let x = [1.0f32, f32::NAN, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
         let p = params(2, 4, 2, 2, 0, 1, false);
         let mut out = [0.0f32; 2];
-        maxpool2d(&p, &x, &mut out);
+        maxpool2d(&p, &x, &mut out).unwrap();
         assert!(out[0].is_nan());
         assert_eq!(out[1], 8.0);
     }
@@ -208,7 +212,7 @@ mod tests {
                                 p.stride = (s, 1 + s % 2);
                                 let x = rng.vec(p.input_len());
                                 let mut out = vec![f64::NAN; p.output_len()];
-                                maxpool2d(&p, &x, &mut out);
+                                maxpool2d(&p, &x, &mut out).unwrap();
                                 assert_eq!(out, naive(&p, &x), "{p:?}");
                             }
                         }

@@ -13,22 +13,34 @@ pub use max::maxpool2d;
 
 use rayon::prelude::*;
 
-/// Runs `f(input_plane, output_plane)` for every plane, in parallel.
+use crate::alloc::{try_vec_with_capacity, KernelResult};
+
+/// Runs `f(input_plane, output_plane)` for every plane, in parallel; the
+/// first error (a refused scratch allocation) is returned.
 pub(crate) fn for_each_plane<T, F>(
     input: &[T],
     in_plane: usize,
     output: &mut [T],
     out_plane: usize,
     f: F,
-) where
+) -> KernelResult<()>
+where
     T: Send + Sync,
-    F: Fn(&[T], &mut [T]) + Sync,
+    F: Fn(&[T], &mut [T]) -> KernelResult<()> + Sync,
 {
     if out_plane == 0 || in_plane == 0 {
-        return;
+        return Ok(());
     }
     output
         .par_chunks_mut(out_plane)
         .zip(input.par_chunks(in_plane))
-        .for_each(|(o, i)| f(i, o));
+        .try_for_each(|(o, i)| f(i, o))
+}
+
+/// `f(i)` for `i` in `0..len`, collected into a vector allocated fallibly
+/// (the per-row and per-column windows of an output plane).
+pub(crate) fn try_table<U>(len: usize, f: impl Fn(usize) -> U) -> KernelResult<Vec<U>> {
+    let mut v = try_vec_with_capacity(len, "pooling window table")?;
+    v.extend((0..len).map(f));
+    Ok(v)
 }

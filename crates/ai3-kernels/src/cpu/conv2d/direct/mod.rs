@@ -18,6 +18,9 @@ use rayon::prelude::*;
 
 use super::padded::{Padded, SendPtr};
 use super::{min_len, threads_for};
+use crate::alloc::{
+    check_len, checked_product, try_vec_with_capacity, try_zeroed_vec, KernelResult,
+};
 use crate::params::Conv2dParams;
 use crate::Float;
 use kernel::{Tile, NV_MAX};
@@ -30,19 +33,27 @@ const WEIGHT_CHUNK_BYTES: usize = 256 << 10;
 /// Supports stride, dilation, asymmetric zero padding and groups (including
 /// depthwise). Packs the weights on every call: a model packs them once with
 /// [`pack`] and calls [`conv2d_packed`].
+///
+/// Fails, before writing anything, when a buffer has the wrong length, and
+/// when the padded copy of the input overflows or cannot be allocated.
 pub fn conv2d<T: Float>(
     p: &Conv2dParams,
     input: &[T],
     weight: &[T],
     bias: Option<&[T]>,
     output: &mut [T],
-) {
-    run(p, input, weight, bias, output, false);
+) -> KernelResult<()> {
+    run(p, input, weight, bias, output, false)
 }
 
 /// [`conv2d`] with weights and bias from [`pack`].
-pub fn conv2d_packed<T: Float>(p: &Conv2dParams, input: &[T], packed: &[T], output: &mut [T]) {
-    run_packed(p, input, packed, output, false);
+pub fn conv2d_packed<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    packed: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    run_packed(p, input, packed, output, false)
 }
 
 /// Register block `(MR, NV)` for `ocg` output channels per group.
@@ -63,11 +74,19 @@ fn packing(p: &Conv2dParams) -> (usize, usize) {
     )
 }
 
-/// Length of what [`pack`] writes.
-pub fn packed_len(p: &Conv2dParams) -> usize {
-    let (nob, wblock) = packing(p);
+/// Length of what [`pack`] writes (`p` has passed [`Conv2dParams::check_sizes`]).
+pub fn packed_len(p: &Conv2dParams) -> KernelResult<usize> {
+    const WHAT: &str = "packed direct weights";
     let (mr, _) = block_shape(p.out_channels_per_group());
-    p.groups * nob * (wblock + mr)
+    let nob = p.out_channels_per_group().div_ceil(mr);
+    let wblock = checked_product(
+        WHAT,
+        &[p.in_channels_per_group(), p.kernel_h, p.kernel_w, mr],
+    )?;
+    let block = wblock
+        .checked_add(mr)
+        .ok_or(crate::KernelError::Overflow { what: WHAT })?;
+    checked_product(WHAT, &[p.groups, nob, block])
 }
 
 /// Packs `weight` and `bias` for [`conv2d_packed`] into `packed` (of
@@ -75,9 +94,18 @@ pub fn packed_len(p: &Conv2dParams) -> usize {
 /// `MR` weights of a tap are adjacent, then the bias `[group][oc block][MR]`,
 /// both padded with zeros. Depends only on the weight's geometry, not on the
 /// input's size.
-pub fn pack<T: Float>(p: &Conv2dParams, weight: &[T], bias: Option<&[T]>, packed: &mut [T]) {
-    debug_assert_eq!(weight.len(), p.weight_len());
-    assert_eq!(packed.len(), packed_len(p), "packed direct weight length");
+pub fn pack<T: Float>(
+    p: &Conv2dParams,
+    weight: &[T],
+    bias: Option<&[T]>,
+    packed: &mut [T],
+) -> KernelResult<()> {
+    p.check_sizes()?;
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    if let Some(b) = bias {
+        check_len("conv2d bias", b.len(), p.out_channels)?;
+    }
+    check_len("packed direct weights", packed.len(), packed_len(p)?)?;
     let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
     let ntaps = p.kernel_h * p.kernel_w;
@@ -102,6 +130,7 @@ pub fn pack<T: Float>(p: &Conv2dParams, weight: &[T], bias: Option<&[T]>, packed
                 db[m] = bias.map_or(T::zero(), |b| b[o]);
             }
         });
+    Ok(())
 }
 
 /// [`conv2d`], optionally with the portable microkernel whatever the CPU.
@@ -112,14 +141,14 @@ fn run<T: Float>(
     bias: Option<&[T]>,
     output: &mut [T],
     portable: bool,
-) {
-    p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
     if output.is_empty() {
-        return;
+        return Ok(());
     }
-    let mut packed = vec![T::zero(); packed_len(p)];
-    pack(p, weight, bias, &mut packed);
-    run_packed(p, input, &packed, output, portable);
+    let mut packed = try_zeroed_vec(packed_len(p)?, "packed direct weights")?;
+    pack(p, weight, bias, &mut packed)?;
+    run_packed(p, input, &packed, output, portable)
 }
 
 /// [`conv2d_packed`], optionally with the portable microkernel.
@@ -129,27 +158,27 @@ fn run_packed<T: Float>(
     packed: &[T],
     output: &mut [T],
     portable: bool,
-) {
-    p.debug_check_buffers(input.len(), None, output.len());
-    debug_assert_eq!(packed.len(), packed_len(p));
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), None, output.len())?;
+    check_len("packed direct weights", packed.len(), packed_len(p)?)?;
 
     let (oh, ow) = (p.out_h(), p.out_w());
     let plane_out = oh * ow;
     if output.is_empty() {
-        return;
+        return Ok(());
     }
     let ocg = p.out_channels_per_group();
     let vl = kernel::vector_len::<T>();
     let (mr, nv) = block_shape(ocg);
     let tile = kernel::select::<T>(mr, nv, portable);
 
-    let pad = Padded::new(p, input);
-    let taps = pad.tap_offsets(p);
+    let pad = Padded::new(p, input)?;
+    let taps = pad.tap_offsets(p)?;
 
     // Slots: (input offset within the group, output offset within the
     // block's first channel, real columns).
     let spr = ow.div_ceil(vl);
-    let mut slots = Vec::with_capacity(p.batch * oh * spr);
+    let mut slots = try_vec_with_capacity(p.batch * oh * spr, "direct convolution slots")?;
     for n in 0..p.batch {
         for y in 0..oh {
             for x0 in (0..ow).step_by(vl) {
@@ -231,11 +260,17 @@ fn run_packed<T: Float>(
                 }
             }
         });
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     crate::cpu::test_util::blocked_conv_tests!("direct", crate::cpu::conv2d::direct);
+
+    #[test]
+    fn huge_padding_is_an_allocation_error() {
+        crate::cpu::test_util::check_conv_refuses_huge_padding(super::conv2d::<f32>);
+    }
 
     #[test]
     fn weights_packed_once_serve_every_input_size() {
@@ -258,13 +293,13 @@ mod tests {
         let first = layer(1, 7);
         let weight = rng.vec(first.weight_len());
         let bias = rng.vec(first.out_channels);
-        let mut packed = vec![f32::NAN; super::packed_len(&first)];
-        super::pack(&first, &cast(&weight), Some(&cast(&bias)), &mut packed);
+        let mut packed = vec![f32::NAN; super::packed_len(&first).unwrap()];
+        super::pack(&first, &cast(&weight), Some(&cast(&bias)), &mut packed).unwrap();
         for p in [first, layer(3, 12), layer(2, 5)] {
             let input = rng.vec(p.input_len());
             let want = reference_conv(&p, &input, &weight, Some(&bias));
             let mut out = vec![f32::NAN; p.output_len()];
-            super::conv2d_packed(&p, &cast(&input), &packed, &mut out);
+            super::conv2d_packed(&p, &cast(&input), &packed, &mut out).unwrap();
             assert_close(&out, &want, 1e-4, "direct packed once");
         }
     }

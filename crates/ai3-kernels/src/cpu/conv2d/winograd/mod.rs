@@ -18,6 +18,7 @@
 use rayon::prelude::*;
 
 use super::{with_scratch, SharedMut, WORKSPACE_ELEMENTS};
+use crate::alloc::{check_len, checked_product, try_zeroed_vec, KernelError, KernelResult};
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::params::Conv2dParams;
 use crate::Float;
@@ -66,8 +67,19 @@ pub fn check(p: &Conv2dParams) -> Result<(), String> {
 }
 
 /// Length of the transformed filter [`transform_filter`] returns.
-pub fn transformed_filter_len(p: &Conv2dParams) -> usize {
-    POSITIONS * p.out_channels * p.in_channels_per_group()
+pub fn transformed_filter_len(p: &Conv2dParams) -> KernelResult<usize> {
+    checked_product(
+        "Winograd-transformed filter",
+        &[POSITIONS, p.out_channels, p.in_channels_per_group()],
+    )
+}
+
+/// [`check`] as a kernel error: running Winograd on a problem it cannot
+/// take is a bug in the caller, which resolves algorithms through [`check`].
+fn require(p: &Conv2dParams) -> KernelResult<()> {
+    check(p).map_err(|_| KernelError::Precondition {
+        what: "winograd F(2x2, 3x3) needs a 3x3 kernel, stride 1 and dilation 1",
+    })
 }
 
 /// Transforms a `[out_channels, in_channels / groups, 3, 3]` weight into
@@ -76,24 +88,29 @@ pub fn transformed_filter_len(p: &Conv2dParams) -> usize {
 /// that position's GEMM.
 ///
 /// Call it once when the model is built; `p` must pass [`check`].
-pub fn transform_filter<T: Float>(p: &Conv2dParams, weight: &[T]) -> Vec<T> {
-    let mut u = vec![T::zero(); transformed_filter_len(p)];
-    transform_filter_into(p, weight, &mut u);
-    u
+pub fn transform_filter<T: Float>(p: &Conv2dParams, weight: &[T]) -> KernelResult<Vec<T>> {
+    let mut u = try_zeroed_vec(transformed_filter_len(p)?, "Winograd-transformed filter")?;
+    transform_filter_into(p, weight, &mut u)?;
+    Ok(u)
 }
 
 /// [`transform_filter`] into `u` (of [`transformed_filter_len`] elements), so
 /// the caller chooses where the transformed filter lives.
-pub fn transform_filter_into<T: Float>(p: &Conv2dParams, weight: &[T], u: &mut [T]) {
-    debug_assert!(check(p).is_ok());
-    debug_assert_eq!(weight.len(), p.weight_len());
+pub fn transform_filter_into<T: Float>(
+    p: &Conv2dParams,
+    weight: &[T],
+    u: &mut [T],
+) -> KernelResult<()> {
+    require(p)?;
+    p.check_sizes()?;
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    check_len(
+        "Winograd-transformed filter",
+        u.len(),
+        transformed_filter_len(p)?,
+    )?;
     let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
-    assert_eq!(
-        u.len(),
-        transformed_filter_len(p),
-        "transformed filter length"
-    );
     let dst = SharedMut(u.as_mut_ptr());
     // One task per output channel; it writes row `o` of each of the 16
     // matrices, a few dozen input channels at a time, so the 16 write streams
@@ -123,6 +140,7 @@ pub fn transform_filter_into<T: Float>(p: &Conv2dParams, weight: &[T], u: &mut [
             }
         }
     });
+    Ok(())
 }
 
 /// Input channels [`transform_filter`] transforms before writing them out.
@@ -193,18 +211,26 @@ impl Plan {
 ///
 /// Tiles on the right and bottom edges that stick out of the output are
 /// computed on zero-extended input and clipped when written.
+///
+/// Fails, before writing anything, when `p` does not pass [`check`] or a
+/// buffer has the wrong length; a refused allocation of a block's scratch
+/// fails the call (some of the output may then have been written).
 pub fn conv2d<T: Float>(
     p: &Conv2dParams,
     input: &[T],
     transformed_filter: &[T],
     bias: Option<&[T]>,
     output: &mut [T],
-) {
-    debug_assert!(check(p).is_ok());
-    p.debug_check_buffers(input.len(), bias.map(<[T]>::len), output.len());
-    debug_assert_eq!(transformed_filter.len(), transformed_filter_len(p));
+) -> KernelResult<()> {
+    require(p)?;
+    p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
+    check_len(
+        "Winograd-transformed filter",
+        transformed_filter.len(),
+        transformed_filter_len(p)?,
+    )?;
     if output.is_empty() {
-        return;
+        return Ok(());
     }
     let threads = super::threads_for(p);
     let plan = Plan::new(p, threads);
@@ -237,12 +263,12 @@ pub fn conv2d<T: Float>(
                 out,
                 share_gemms,
             )
-        };
+        }
     };
     if parallel {
-        (0..tasks).into_par_iter().with_max_len(1).for_each(run);
+        (0..tasks).into_par_iter().with_max_len(1).try_for_each(run)
     } else {
-        (0..tasks).for_each(run);
+        (0..tasks).try_for_each(run)
     }
 }
 
@@ -263,7 +289,7 @@ unsafe fn block<T: Float>(
     cols: (usize, usize),
     out: SharedMut<T>,
     share_gemms: bool,
-) {
+) -> KernelResult<()> {
     let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
     let tw = cols.1 - cols.0;
@@ -318,7 +344,7 @@ unsafe fn block<T: Float>(
 
         // SAFETY: forwarded from the caller.
         unsafe { output_transform(p, plan, m, bias, g, rows, cols, out) };
-    });
+    })
 }
 
 /// Declares `$name`, which runs `$imp` compiled for AVX-512 or AVX2 when the
@@ -547,15 +573,16 @@ mod tests {
                             let want = reference_conv(&p, &input, &weight, bias);
                             let what = format!("winograd {p:?} bias={}", bias.is_some());
 
-                            let u = transform_filter(&p, &weight);
+                            let u = transform_filter(&p, &weight).unwrap();
                             let mut out = vec![f64::NAN; p.output_len()];
-                            conv2d(&p, &input, &u, bias, &mut out);
+                            conv2d(&p, &input, &u, bias, &mut out).unwrap();
                             assert_close(&out, &want, 1e-10, &what);
 
-                            let u32 = transform_filter(&p, &cast::<f32>(&weight));
+                            let u32 = transform_filter(&p, &cast::<f32>(&weight)).unwrap();
                             let b32 = bias.map(cast::<f32>);
                             let mut out32 = vec![f32::NAN; p.output_len()];
-                            conv2d(&p, &cast::<f32>(&input), &u32, b32.as_deref(), &mut out32);
+                            conv2d(&p, &cast::<f32>(&input), &u32, b32.as_deref(), &mut out32)
+                                .unwrap();
                             assert_close(&out32, &want, 1e-4, &what);
                         }
                     }
@@ -573,10 +600,45 @@ mod tests {
         let input = rng.vec(p.input_len());
         let weight = rng.vec(p.weight_len());
         let want = reference_conv(&p, &input, &weight, None);
-        let u = transform_filter(&p, &cast::<f32>(&weight));
+        let u = transform_filter(&p, &cast::<f32>(&weight)).unwrap();
         let mut out = vec![f32::NAN; p.output_len()];
-        conv2d(&p, &cast::<f32>(&input), &u, None, &mut out);
+        conv2d(&p, &cast::<f32>(&input), &u, None, &mut out).unwrap();
         assert_close(&out, &want, 1e-4, "winograd blocked");
+    }
+
+    #[test]
+    fn wrong_lengths_and_unfit_problems_are_errors_before_any_write() {
+        // Through the transform, so the plain weight's length is checked too.
+        fn plain(
+            p: &Conv2dParams,
+            i: &[f32],
+            w: &[f32],
+            b: Option<&[f32]>,
+            o: &mut [f32],
+        ) -> KernelResult<()> {
+            conv2d(p, i, &transform_filter(p, w)?, b, o)
+        }
+        crate::cpu::test_util::check_conv_lengths(plain);
+        let p = crate::cpu::test_util::small_problem();
+        let u = transform_filter(&p, &vec![1.0f32; p.weight_len()]).unwrap();
+        let i = vec![1.0f32; p.input_len()];
+        let mut out = vec![f32::NAN; p.output_len()];
+        let short = conv2d(&p, &i, &u[1..], None, &mut out);
+        assert!(
+            matches!(short, Err(KernelError::Length { .. })),
+            "{short:?}"
+        );
+        let strided = Conv2dParams {
+            stride: (2, 2),
+            ..p
+        };
+        let mut out2 = vec![f32::NAN; strided.output_len()];
+        let unfit = conv2d(&strided, &i, &u, None, &mut out2);
+        assert!(
+            matches!(unfit, Err(KernelError::Precondition { .. })),
+            "{unfit:?}"
+        );
+        assert!(out.iter().chain(&out2).all(|v| v.is_nan()));
     }
 
     #[test]
