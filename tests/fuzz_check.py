@@ -402,8 +402,28 @@ def conv_algorithms() -> list[str]:
     return [r["algorithm"] for r in rows] + ["default"]
 
 
+def padded_bytes(c: dict) -> int:
+    """Bytes of a convolution's zero-padded input (direct, SMM and FFT copy it)."""
+    if c.get("kind") != "conv2d" or c["padding"] == "valid":
+        return 0
+    h, w = c["hw"]
+    if c["padding"] == "same":  # PyTorch's total: dilation * (kernel - 1) per axis
+        (kh, kw), (dh, dw) = (_pair(c["kernel"]), _pair(c["dilation"]))
+        extra = (max(dh, 0) * (kh - 1), max(dw, 0) * (kw - 1))
+    else:
+        ph, pw = _pair(c["padding"])
+        extra = (2 * ph, 2 * pw)
+    if min(extra) < 0:
+        return 0
+    return max(c["n"], 1) * max(c["in_c"], 1) * (h + extra[0]) * (w + extra[1]) * 4
+
+
 def documented_unsupported(case: dict) -> str | None:
     """Why ai3 documents the case's configuration as unsupported, or ``None``."""
+    if case["kind"] == "conv2d" and case["algorithm"] in ("direct", "smm", "fft"):
+        if padded_bytes(case) > 10**8:
+            # README: these algorithms copy the padded input ('default' and gemm do not).
+            return "direct, smm and fft copy the padded input: one too large is refused"
     if case["kind"] == "conv2d" and case["algorithm"] == "winograd":
         if (
             _pair(case["kernel"]) != (3, 3)
@@ -614,6 +634,7 @@ def _verdict(case: dict) -> dict:
             ai3.UnsupportedOperationError,
             ai3.ShapeError,
             ai3.InvalidArgumentError,
+            ai3.OutOfMemoryError,
         )
         if reason and isinstance(ai3_error, refusals):
             return {"verdict": "unsupported", "reason": reason, **out}

@@ -140,11 +140,25 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// exception: there GEMM measured 2x faster at batch 10. Direct also takes
 /// the 3x3 stride-1 layers too thin for Winograd (see `winograd_preferred`),
 /// where it measured as fast as GEMM or faster.
+///
+/// Direct (like SMM and FFT) works on a zero-padded copy of the input, so a
+/// padding far larger than the input (which PyTorch computes) goes to GEMM,
+/// whose im2col only holds the output's windows.
 fn direct_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p)
-        if (p.in_channels_per_group() < FEW_INPUT_CHANNELS
+        if ((p.in_channels_per_group() < FEW_INPUT_CHANNELS
             && (p.groups == 1 || p.stride == (1, 1)))
             || (winograd::check(p).is_ok() && !winograd_preferred(problem)))
+            && padded_copy_is_small(p))
+}
+
+/// Whether a padded copy of the input costs at most 16 times the input (or 64 Ki
+/// elements per plane).
+fn padded_copy_is_small(p: &ai3_kernels::params::Conv2dParams) -> bool {
+    let pad = &p.padding;
+    let h = p.in_h.saturating_add(pad.top).saturating_add(pad.bottom);
+    let w = p.in_w.saturating_add(pad.left).saturating_add(pad.right);
+    h.saturating_mul(w) <= (p.in_h * p.in_w).saturating_mul(16).saturating_add(1 << 16)
 }
 
 fn gemm_preferred(problem: &Problem) -> bool {

@@ -209,11 +209,11 @@ impl Conv2dParams {
     }
 }
 
-/// Output length of one pooled dimension, following PyTorch's rule: with
-/// `ceil_mode` the last window must start inside the input or left padding.
-///
-/// The caller has checked that the dilated window fits in the padded input
-/// without overflow (`input + 2 * padding >= dilation * (kernel - 1) + 1`).
+/// Output length of a pooling window along one axis, PyTorch's rule: with
+/// `ceil_mode`, a last window that starts inside the input (or its left
+/// padding) counts even if it sticks out, so one window larger than the padded
+/// input still gives one output; 0 when no window fits. Computed in `i128`,
+/// so no sum of user sizes overflows.
 pub fn pooled_len(
     input: usize,
     kernel: usize,
@@ -222,19 +222,14 @@ pub fn pooled_len(
     dilation: usize,
     ceil_mode: bool,
 ) -> usize {
-    let span = dilation * (kernel - 1) + 1;
-    let room = input + 2 * padding - span;
-    let mut out = if ceil_mode {
-        room.div_ceil(stride) + 1
-    } else {
-        room / stride + 1
-    };
-    // Saturating: with a stride near usize::MAX the product may not fit, and
-    // then the window certainly starts past the input.
-    if ceil_mode && (out - 1).saturating_mul(stride) >= input + padding {
+    let (input, padding, s) = (input as i128, padding as i128, stride as i128);
+    let span = dilation as i128 * (kernel as i128 - 1) + 1;
+    let room = input + 2 * padding - span + if ceil_mode { s - 1 } else { 0 };
+    let mut out = room.div_euclid(s) + 1;
+    if ceil_mode && out > 0 && (out - 1).saturating_mul(s) >= input + padding {
         out -= 1;
     }
-    out
+    usize::try_from(out.max(0)).unwrap_or(usize::MAX)
 }
 
 /// A 2-D pooling window over `[batch, channels, in_h, in_w]`, output

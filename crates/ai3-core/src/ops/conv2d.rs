@@ -12,8 +12,8 @@ use ai3_kernels::params::{Conv2dParams, Padding2d};
 use ai3_kernels::{KernelError, KernelResult};
 
 use super::{
-    check_positive, check_weight_dtype, custom_result, image_dims, image_shape, kernel_result,
-    single, with_dtype, ActivationKind, Operation,
+    any_plane_dims, check_positive, check_weight_dtype, custom_result, image_dims, image_shape,
+    kernel_result, single, with_dtype, ActivationKind, Operation,
 };
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
@@ -227,7 +227,11 @@ impl Conv2d {
 
     /// Validates an input shape against the layer; returns the kernel parameters and batching.
     fn params_for(&self, shape: &[usize]) -> Result<(Conv2dParams, bool)> {
-        let (n, c, h, w, batched) = image_dims(OP, shape)?;
+        // PyTorch gives an empty batch an empty output whatever its plane.
+        let (n, c, h, w, batched) = match shape {
+            [0, _, _, _] => any_plane_dims(OP, shape)?,
+            _ => image_dims(OP, shape)?,
+        };
         let ic = self.in_channels();
         if c != ic {
             // A 3-D input is often a batched one that lost a dimension ([N, C, W]):

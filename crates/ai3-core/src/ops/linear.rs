@@ -26,7 +26,7 @@ pub struct Linear {
 impl Linear {
     /// Builds the layer; `weight` is `[out_features, in_features]`.
     pub fn new(weight: Tensor, bias: Option<Tensor>, request: Request) -> Result<Self> {
-        let &[out_f, in_f] = weight.shape() else {
+        let &[out_f, _] = weight.shape() else {
             return Err(Error::shape(
                 OP.name(),
                 format!(
@@ -35,15 +35,6 @@ impl Linear {
                 ),
             ));
         };
-        if out_f == 0 || in_f == 0 {
-            return Err(Error::shape(
-                OP.name(),
-                format!(
-                    "weight of shape {} has no elements",
-                    shape_str(weight.shape())
-                ),
-            ));
-        }
         if let Some(b) = &bias {
             check_weight_dtype(OP, "bias", b, weight.dtype())?;
             if b.shape() != [out_f] {
@@ -139,27 +130,37 @@ impl Operation for Linear {
                 None => None,
             };
             let (w, out) = (self.weight.as_slice::<T>()?, output.as_mut_slice::<T>()?);
-            match algorithm {
-                Algorithm::Gemm => {
-                    let done = linear::gemm::<T>(&p, x.as_slice()?, w, b, out);
-                    kernel_result(OP, done, || {
-                        format!(
-                            "input shape {}, weight shape {}",
-                            shape_str(x.shape()),
-                            shape_str(self.weight.shape())
-                        )
-                    })?
+            if p.in_features == 0 {
+                // No products to sum: every row is the bias (zeros without one), as in PyTorch.
+                if let (Some(b), false) = (b, out.is_empty()) {
+                    out.chunks_exact_mut(p.out_features)
+                        .for_each(|row| row.copy_from_slice(b));
+                } else {
+                    out.fill(T::default());
                 }
-                Algorithm::Custom => custom_result(
-                    OP,
-                    x.shape(),
-                    custom::linear::<T>(&p, x.as_slice()?, w, b, out),
-                )?,
-                other => {
-                    return Err(Error::algorithm(
-                        OP.name(),
-                        format!("algorithm '{other}' is not implemented"),
-                    ))
+            } else {
+                match algorithm {
+                    Algorithm::Gemm => {
+                        let done = linear::gemm::<T>(&p, x.as_slice()?, w, b, out);
+                        kernel_result(OP, done, || {
+                            format!(
+                                "input shape {}, weight shape {}",
+                                shape_str(x.shape()),
+                                shape_str(self.weight.shape())
+                            )
+                        })?
+                    }
+                    Algorithm::Custom => custom_result(
+                        OP,
+                        x.shape(),
+                        custom::linear::<T>(&p, x.as_slice()?, w, b, out),
+                    )?,
+                    other => {
+                        return Err(Error::algorithm(
+                            OP.name(),
+                            format!("algorithm '{other}' is not implemented"),
+                        ))
+                    }
                 }
             }
             if let Some(a) = self.activation {

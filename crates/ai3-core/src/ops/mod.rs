@@ -83,19 +83,7 @@ pub(crate) fn image_dims(
     op: OpKind,
     shape: &[usize],
 ) -> Result<(usize, usize, usize, usize, bool)> {
-    let dims = match *shape {
-        [c, h, w] => (1, c, h, w, false),
-        [n, c, h, w] => (n, c, h, w, true),
-        _ => {
-            return Err(Error::shape(
-                op.name(),
-                format!(
-                    "expected a 3-D (unbatched) or 4-D (batched) input, got shape {}",
-                    shape_str(shape)
-                ),
-            ))
-        }
-    };
+    let dims = any_plane_dims(op, shape)?;
     // An empty batch (or no channels) gives an empty output, as in PyTorch; an
     // empty plane has no windows to compute, which PyTorch rejects too.
     if dims.2 == 0 || dims.3 == 0 {
@@ -110,6 +98,27 @@ pub(crate) fn image_dims(
         ));
     }
     Ok(dims)
+}
+
+/// [`image_dims`] for the inputs where PyTorch accepts an empty plane: a
+/// convolution's empty batch, an unbatched adaptive average (NaN).
+pub(crate) fn any_plane_dims(
+    op: OpKind,
+    shape: &[usize],
+) -> Result<(usize, usize, usize, usize, bool)> {
+    Ok(match *shape {
+        [c, h, w] => (1, c, h, w, false),
+        [n, c, h, w] => (n, c, h, w, true),
+        _ => {
+            return Err(Error::shape(
+                op.name(),
+                format!(
+                    "expected a 3-D (unbatched) or 4-D (batched) input, got shape {}",
+                    shape_str(shape)
+                ),
+            ))
+        }
+    })
 }
 
 /// Output shape of an image operation, keeping the input's batching.

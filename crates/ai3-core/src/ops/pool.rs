@@ -5,8 +5,8 @@ use ai3_kernels::custom::{self, CustomError};
 use ai3_kernels::params::{AdaptivePool2dParams, AvgPoolOptions, Pool2dParams};
 
 use super::{
-    check_positive, custom_result, image_dims, image_shape, kernel_result, simple_algorithm,
-    single, with_dtype, Operation,
+    any_plane_dims, check_positive, custom_result, image_dims, image_shape, kernel_result,
+    simple_algorithm, single, with_dtype, Operation,
 };
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind, Request};
@@ -94,7 +94,9 @@ impl Window {
                 ),
             ));
         };
-        if ph < span_h || pw < span_w {
+        // With ceil_mode, PyTorch still takes one (clipped) window when the
+        // window sticks out of the padded input: only no window at all is an error.
+        if (ph < span_h || pw < span_w) && (p.out_h() == 0 || p.out_w() == 0) {
             return Err(Error::shape(
                 op.name(),
                 format!(
@@ -249,22 +251,17 @@ impl Operation for AvgPool2d {
 
 type OutputSize = (Option<usize>, Option<usize>);
 
-fn check_output_size(op: OpKind, output_size: OutputSize) -> Result<()> {
-    if output_size.0 == Some(0) || output_size.1 == Some(0) {
-        return Err(Error::invalid(
-            op.name(),
-            format!("output_size must be positive, got {output_size:?}"),
-        ));
-    }
-    Ok(())
-}
-
 fn adaptive_params(
     op: OpKind,
     output_size: OutputSize,
     shape: &[usize],
 ) -> Result<(AdaptivePool2dParams, bool)> {
-    let (n, c, h, w, batched) = image_dims(op, shape)?;
+    // PyTorch computes an average to 1x1 as a mean, NaN over an empty plane;
+    // it refuses every other empty plane (and every one for the maximum).
+    let (n, c, h, w, batched) = match (op, output_size) {
+        (OpKind::AdaptiveAvgPool2d, (Some(1), Some(1))) => any_plane_dims(op, shape)?,
+        _ => image_dims(op, shape)?,
+    };
     Ok((
         AdaptivePool2dParams {
             batch: n,
@@ -290,9 +287,9 @@ macro_rules! adaptive_pool {
         }
 
         impl $name {
-            /// The layer; `None` in `output_size` keeps that input dimension.
+            /// The layer; `None` in `output_size` keeps that input dimension, and 0
+            /// gives an empty output.
             pub fn new(output_size: OutputSize) -> Result<Self> {
-                check_output_size($op, output_size)?;
                 Ok($name { output_size, algorithm: Algorithm::Direct })
             }
 
@@ -320,6 +317,7 @@ macro_rules! adaptive_pool {
                 with_dtype!(x.dtype(), T, {
                     let (src, dst) = (x.as_slice::<T>()?, output.as_mut_slice::<T>()?);
                     match self.algorithm {
+                        _ if p.in_h == 0 || p.in_w == 0 => dst.fill(T::NAN),
                         Algorithm::Custom => custom_result($op, x.shape(), $custom(&p, src, dst))?,
                         _ => kernel_result($op, $kernel(&p, src, dst), || {
                             format!("input shape {}", shape_str(x.shape()))

@@ -63,6 +63,20 @@ impl Concat {
     }
 }
 
+/// PyTorch's legacy rule: inputs of shape `[0]` are skipped, whatever the
+/// rank of the others, unless every input is one.
+fn legacy_skip<'a, T>(inputs: &[&'a T], shape: impl Fn(&T) -> &[usize]) -> Vec<&'a T>
+where
+    T: ?Sized,
+{
+    let kept: Vec<&T> = inputs.iter().copied().filter(|t| shape(t) != [0]).collect();
+    if kept.is_empty() {
+        inputs.to_vec()
+    } else {
+        kept
+    }
+}
+
 impl Operation for Concat {
     fn kind(&self) -> OpKind {
         OpKind::Cat
@@ -71,12 +85,14 @@ impl Operation for Concat {
         Ok(Algorithm::Direct.name().into())
     }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let inputs = &legacy_skip(inputs, |s| s)[..];
         let axis = self.axis(inputs)?;
         let mut out = inputs[0].to_vec();
         out[axis] = inputs.iter().map(|s| s[axis]).sum();
         Ok(out)
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let inputs = &legacy_skip(inputs, Tensor::shape)[..];
         let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
         let axis = self.axis(&shapes)?;
         let outer = AxisParams::new(output.shape(), axis).outer;

@@ -31,6 +31,23 @@ fn interior(out: usize, n: usize, k: usize, s: usize, pad: usize, d: usize) -> (
     (lo, hi.max(lo))
 }
 
+/// The taps `k` of a window starting at `start` (`k * dilation` from it, `k <
+/// kernel`) that land inside `0..n`: the loops visit those only, so a window
+/// far larger than the input costs no more than the input.
+fn taps_inside(start: isize, kernel: usize, dilation: usize, n: usize) -> std::ops::Range<usize> {
+    let d = dilation as u128;
+    let first = if start < 0 {
+        (start.unsigned_abs() as u128).div_ceil(d)
+    } else {
+        0
+    };
+    let last = n as i128 - 1 - start as i128; // the tap offset k * d may reach this
+    let end = if last < 0 { 0 } else { last as u128 / d + 1 };
+    let end = end.min(kernel as u128);
+    let first = first.min(end);
+    first as usize..end as usize
+}
+
 /// `hmax[x]`: the maximum of `row` over output column `x`'s window
 /// (`(kernel, stride, padding, dilation)` along the width); only columns
 /// outside `interior` check bounds.
@@ -46,10 +63,9 @@ fn row_max<T: Float>(
             let x0 = x0 as usize;
             (1..kw).fold(row[x0], |acc, kx| nan_max(acc, row[x0 + kx * dw]))
         } else {
-            (0..kw)
-                .map(|kx| x0 + (kx * dw) as isize)
-                .filter(|&ix| ix >= 0 && (ix as usize) < row.len())
-                .fold(T::neg_infinity(), |acc, ix| nan_max(acc, row[ix as usize]))
+            taps_inside(x0, kw, dw, row.len())
+                .map(|kx| (x0 + (kx * dw) as isize) as usize)
+                .fold(T::neg_infinity(), |acc, ix| nan_max(acc, row[ix]))
         };
     }
 }
@@ -85,12 +101,9 @@ pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) -> K
             for (y, out) in dst.chunks_exact_mut(ow).enumerate() {
                 out.fill(T::neg_infinity());
                 let y0 = (y * sh) as isize - ph as isize;
-                for ky in 0..kh {
-                    let iy = y0 + (ky * dh) as isize;
-                    if iy < 0 || iy as usize >= ih {
-                        continue;
-                    }
-                    let hmax = &rows[iy as usize * ow..][..ow];
+                for ky in taps_inside(y0, kh, dh, ih) {
+                    let iy = (y0 + (ky * dh) as isize) as usize;
+                    let hmax = &rows[iy * ow..][..ow];
                     for (o, &v) in out.iter_mut().zip(hmax) {
                         *o = nan_max(*o, v);
                     }
@@ -104,6 +117,21 @@ pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) -> K
 mod tests {
     use super::*;
     use crate::cpu::test_util::Rng;
+
+    #[test]
+    fn only_taps_inside_the_input_are_visited() {
+        assert_eq!(taps_inside(0, 3, 1, 5), 0..3);
+        assert_eq!(taps_inside(-2, 3, 1, 5), 2..3);
+        assert_eq!(taps_inside(-3, 4, 2, 5), 2..4);
+        assert_eq!(taps_inside(4, 3, 2, 5), 0..1);
+        assert_eq!(taps_inside(5, 3, 1, 5), 0..0);
+        assert_eq!(taps_inside(-10, 3, 1, 5), 3..3);
+        // A window of 10**12 taps over one element: one tap, found at once.
+        assert_eq!(
+            taps_inside(-500_000_000_000, 1_000_000_000_000, 1, 1),
+            500_000_000_000..500_000_000_001
+        );
+    }
 
     fn params(
         h: usize,
