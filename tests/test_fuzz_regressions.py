@@ -3,6 +3,7 @@ for hours while PyTorch computed; each is compared with PyTorch at test time."""
 
 from __future__ import annotations
 
+import copy
 import time
 
 import ai3
@@ -101,3 +102,29 @@ def test_huge_padding_with_a_huge_stride_computes(stride):
     """PyTorch computes a 3x3 (or 1x1) output; the default algorithm once copied
     the padded input (terabytes) and aborted."""
     both(nn.Conv2d(1, 2, 3, padding=stride, stride=stride), torch.randn(1, 1, 5, 5))
+
+
+@pytest.mark.parametrize("in_f,out_f", [(0, 4), (3, 0)])
+def test_swapped_linear_with_no_features_trains(in_f, out_f):
+    """The backward of a swapped linear reshaped with -1, ambiguous on 0 elements."""
+    layer = nn.Linear(in_f, out_f)
+    swapped = ai3.swap_operation("linear", copy.deepcopy(layer))
+    x = torch.randn(1, 3, in_f, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    layer(x).sum().backward()
+    swapped(x2).sum().backward()
+    assert_close(x2.grad, x.grad)
+    assert_close(swapped.weight.grad, layer.weight.grad)
+    assert_close(swapped.bias.grad, layer.bias.grad)
+
+
+@pytest.mark.parametrize("batch", [0, 2])
+def test_pool_padding_is_bounded_by_the_kernel_not_the_dilated_window(batch):
+    """PyTorch wants padding <= kernel_size / 2 whatever the dilation; ai3 measured
+    it against the dilated window and computed what PyTorch refuses."""
+    pool = nn.MaxPool2d(3, padding=2, dilation=2)
+    x = torch.randn(batch, 2, 9, 9)
+    with pytest.raises(RuntimeError, match="half of kernel size"):
+        pool(x)
+    with pytest.raises(ai3.InvalidArgumentError, match="half of kernel_size"):
+        ai3.convert(pool)(x)

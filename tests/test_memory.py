@@ -75,6 +75,26 @@ def alive():
 """
 
 
+def conv_in_child(layer: str, algo: str) -> dict:
+    """``convert`` and ``swap_conv2d`` of ``layer`` (its source) with ``algo`` on a
+    1x3x8x8 input, in a child process: what each raised or returned, and whether
+    the child could still compute afterwards."""
+    return run_isolated(
+        DESCRIBE
+        + f"""
+algo = ARGS[0]
+layer = {layer}
+x = torch.randn(1, 3, 8, 8)
+print(json.dumps({{
+    "convert": describe(lambda: ai3.convert(layer, {{"conv2d": algo}})(x)),
+    "swap": describe(lambda: ai3.swap_conv2d(nn.Sequential(layer), algo)(x)),
+    "alive": alive(),
+}}))
+""",
+        algo,
+    )
+
+
 def check_oom(got: dict | None, *parts: str) -> None:
     """``got`` (from DESCRIBE) is an OutOfMemoryError whose message has every part."""
     assert got is not None, "no exception"
@@ -95,20 +115,7 @@ def test_conv2d_with_padding_of_a_million_raises_out_of_memory(algo):
     x = torch.randn(1, 3, 8, 8)
     with pytest.raises(RuntimeError):  # PyTorch refuses it too, at once
         layer(x)
-    got = run_isolated(
-        DESCRIBE
-        + """
-algo = ARGS[0]
-layer = nn.Conv2d(3, 4, 3, padding=10**6)
-x = torch.randn(1, 3, 8, 8)
-print(json.dumps({
-    "convert": describe(lambda: ai3.convert(layer, {"conv2d": algo})(x)),
-    "swap": describe(lambda: ai3.swap_conv2d(nn.Sequential(layer), algo)(x)),
-    "alive": alive(),
-}))
-""",
-        algo,
-    )
+    got = conv_in_child("nn.Conv2d(3, 4, 3, padding=10**6)", algo)
     side = conv_out(8, 3, 10**6)
     nbytes = 1 * 4 * side * side * 4
     for path in ("convert", "swap"):
@@ -139,20 +146,7 @@ def test_conv2d_whose_scratch_is_too_large(algo):
         assert_close(ai3.convert(layer, {"conv2d": algo})(x), expected)
         assert_close(ai3.swap_conv2d(nn.Sequential(layer), algo)(x), expected)
         return
-    got = run_isolated(
-        DESCRIBE
-        + """
-algo = ARGS[0]
-layer = nn.Conv2d(3, 4, 3, padding=10**6, dilation=10**6)
-x = torch.randn(1, 3, 8, 8)
-print(json.dumps({
-    "convert": describe(lambda: ai3.convert(layer, {"conv2d": algo})(x)),
-    "swap": describe(lambda: ai3.swap_conv2d(nn.Sequential(layer), algo)(x)),
-    "alive": alive(),
-}))
-""",
-        algo,
-    )
+    got = conv_in_child("nn.Conv2d(3, 4, 3, padding=10**6, dilation=10**6)", algo)
     buffer = "FFT input spectra" if algo == "fft" else "padded input copy"
     for path in ("convert", "swap"):
         check_oom(got[path], "conv2d", buffer, "bytes)", "[1, 3, 8, 8]", "[4, 3, 3, 3]")
@@ -168,19 +162,7 @@ def test_conv2d_sizes_that_overflow_are_shape_errors(algo):
     x = torch.randn(1, 3, 8, 8)
     with pytest.raises(RuntimeError):
         layer(x)
-    got = run_isolated(
-        DESCRIBE
-        + """
-algo = ARGS[0]
-layer = nn.Conv2d(3, 4, 3, padding=10**18)
-x = torch.randn(1, 3, 8, 8)
-print(json.dumps({
-    "convert": describe(lambda: ai3.convert(layer, {"conv2d": algo})(x)),
-    "swap": describe(lambda: ai3.swap_conv2d(nn.Sequential(layer), algo)(x)),
-}))
-""",
-        algo,
-    )
+    got = conv_in_child("nn.Conv2d(3, 4, 3, padding=10**18)", algo)
     for path in ("convert", "swap"):
         err = got[path]
         assert err is not None and err["shape"] and err["ai3"], err

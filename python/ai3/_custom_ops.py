@@ -7,6 +7,7 @@ equal PyTorch's. Inputs reach the operators already batched (4-D) and with
 symmetric zero padding: the swapped modules handle the rest in plain torch.
 """
 
+import math
 import weakref
 from collections.abc import Callable
 from typing import List, Optional  # torch.library's schema inference needs these spellings
@@ -249,9 +250,11 @@ def _linear_setup(ctx, inputs, output):
 
 def _linear_backward(ctx, grad):
     x, weight = ctx.saved_tensors
-    g2 = grad.reshape(-1, weight.shape[0])
+    # Rows spelled out: -1 is ambiguous when a layer has no in or out features.
+    rows = math.prod(grad.shape[:-1])
+    g2 = grad.reshape(rows, weight.shape[0])
     gx = (grad @ weight) if ctx.needs_input_grad[0] else None
-    gw = (g2.t() @ x.reshape(-1, weight.shape[1])) if ctx.needs_input_grad[1] else None
+    gw = (g2.t() @ x.reshape(rows, weight.shape[1])) if ctx.needs_input_grad[1] else None
     gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
     return gx, gw, gb, None
 

@@ -51,14 +51,14 @@ impl Window {
         check_positive(op, "kernel_size", &[self.kernel.0, self.kernel.1])?;
         check_positive(op, "stride", &[self.stride.0, self.stride.1])?;
         check_positive(op, "dilation", &[self.dilation.0, self.dilation.1])?;
-        // PyTorch's rule: padding at most half of the (dilated) window.
-        let (span_h, span_w) = self.spans(op)?;
-        if self.padding.0 > span_h / 2 || self.padding.1 > span_w / 2 {
+        self.spans(op)?;
+        // PyTorch's rule: padding at most half of the kernel size, dilation aside.
+        if self.padding.0 > self.kernel.0 / 2 || self.padding.1 > self.kernel.1 / 2 {
             return Err(Error::invalid(
                 op.name(),
                 format!(
-                    "padding {:?} must be at most half of the window (kernel_size {:?}, dilation {:?})",
-                    self.padding, self.kernel, self.dilation
+                    "padding {:?} must be at most half of kernel_size {:?}",
+                    self.padding, self.kernel
                 ),
             ));
         }
