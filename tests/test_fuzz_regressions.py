@@ -83,6 +83,12 @@ def test_cat_skips_legacy_empty_inputs():
 def test_empty_batch_with_an_empty_plane():
     both(nn.Conv2d(3, 3, 2, padding=1), torch.randn(0, 3, 0, 7))
     both(nn.Conv2d(3, 3, 1, padding=(0, 1)), torch.randn(0, 3, 4, 0))
+    # Other padding modes refuse the empty plane, in PyTorch and ai3.
+    conv = nn.Conv2d(6, 6, 2, padding=1, padding_mode="replicate")
+    with pytest.raises(RuntimeError):
+        conv(torch.randn(0, 6, 0, 1))
+    with pytest.raises(ai3.ShapeError, match="empty spatial plane"):
+        ai3.convert(conv)(torch.randn(0, 6, 0, 1))
 
 
 def test_max_pool_with_a_huge_kernel_is_instant():

@@ -227,9 +227,10 @@ impl Conv2d {
 
     /// Validates an input shape against the layer; returns the kernel parameters and batching.
     fn params_for(&self, shape: &[usize]) -> Result<(Conv2dParams, bool)> {
-        // PyTorch gives an empty batch an empty output whatever its plane.
-        let (n, c, h, w, batched) = match shape {
-            [0, _, _, _] => any_plane_dims(OP, shape)?,
+        // PyTorch gives an empty batch an empty output whatever its plane
+        // (with zero padding; its other padding modes refuse an empty plane).
+        let (n, c, h, w, batched) = match (shape, self.padding_mode) {
+            ([0, _, _, _], PadMode::Zeros) => any_plane_dims(OP, shape)?,
             _ => image_dims(OP, shape)?,
         };
         let ic = self.in_channels();
