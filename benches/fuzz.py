@@ -19,6 +19,7 @@ Exit status 1 when any case failed it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import queue
 import sys
@@ -28,7 +29,9 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "python")]
+sys.path.insert(0, str(ROOT / "tests"))
+if importlib.util.find_spec("ai3") is None:  # not installed: the source tree's development build
+    sys.path.insert(1, str(ROOT / "python"))
 
 import fuzz_cases  # noqa: E402
 import fuzz_known  # noqa: E402

@@ -17,6 +17,7 @@ strategies never draw them.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -34,6 +35,19 @@ ROOT = TESTS.parent
 #: Default address-space limit of a worker: torch's CUDA build maps about 3.6 GB
 #: at import, so this leaves ~2.4 GB for a case; larger allocations fail.
 MEMORY_LIMIT = 6 * 2**30
+
+
+def _ai3_root() -> str:
+    """The folder holding the ai3 package this process would import.
+
+    The worker must test the same ai3 as its parent: an installed wheel when the
+    parent imports one (a clean clone's ``python/ai3`` has no compiled ``_core``),
+    else the source tree's ``python/`` (a development build in place).
+    """
+    spec = importlib.util.find_spec("ai3")
+    if spec is None or spec.origin is None:
+        return str(ROOT / "python")
+    return str(Path(spec.origin).resolve().parent.parent)
 
 
 def _import_checker(threads: int):
@@ -112,7 +126,7 @@ class Worker:
     def _start(self) -> None:
         self.stderr_file = tempfile.TemporaryFile()
         env = dict(os.environ)
-        paths = [str(ROOT / "python"), str(TESTS), env.get("PYTHONPATH", "")]
+        paths = [_ai3_root(), str(TESTS), env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         env.setdefault("RUST_BACKTRACE", "1")
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--serve",
@@ -183,12 +197,17 @@ class Worker:
 
     # ---- running cases -----------------------------------------------------------------------
 
-    def run(self, case: dict) -> dict:
-        """The verdict for ``case`` (see the module doc for the harness's own)."""
+    def start(self) -> Worker:
+        """Starts the worker unless it runs; raises ``RuntimeError`` if it cannot start."""
         if self.proc is None or self.proc.poll() is not None:
             if self.proc is not None:
                 self._stop()
             self._start()
+        return self
+
+    def run(self, case: dict) -> dict:
+        """The verdict for ``case`` (see the module doc for the harness's own)."""
+        self.start()
         assert self.proc is not None and self.proc.stdin is not None
         start = time.monotonic()
         try:

@@ -36,9 +36,13 @@ fuzz_cases.set_conv_algorithms(fuzz_check.conv_algorithms())
 
 @pytest.fixture(scope="session")
 def worker():
-    """One worker process for the whole session (restarted after an abort or a hang)."""
+    """One worker process for the whole session (restarted after an abort or a hang).
+
+    Started here, so a worker that cannot start at all (ai3 not importable) is one
+    fixture error, not a failing case for Hypothesis to shrink for many minutes.
+    """
     with Worker(timeout=30.0) as w:
-        yield w
+        yield w.start()
 
 
 def _explain(case: dict, verdict: dict) -> str:
