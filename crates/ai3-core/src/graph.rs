@@ -18,6 +18,7 @@ use crate::dtype::{DType, Device};
 use crate::error::{Error, Result};
 use crate::ops::Operation;
 use crate::plan::{place, Interval};
+use crate::registry::{self, Candidate, DeviceKind};
 use crate::tensor::{checked_bytes, contiguous_strides, shape_str, Tensor, ALIGNMENT};
 
 /// Index of a value (a graph input, a constant or a node's output).
@@ -78,6 +79,9 @@ pub struct MemoryPlan {
     pub intermediate_bytes: usize,
     /// How many arenas this graph has allocated so far, over all calls.
     pub arenas_allocated: usize,
+    /// The most scratch memory one node's algorithm needs (nodes run one at
+    /// a time, so this is what a call needs beyond the arena).
+    pub workspace_bytes: usize,
 }
 
 /// A network as ai3 runs it.
@@ -107,6 +111,8 @@ pub struct NodeReport {
     pub output_shape: Vec<usize>,
     /// The activation fused into the node, if any (e.g. `relu` after a conv2d).
     pub fused: Option<String>,
+    /// Scratch bytes the algorithm needs beyond input, output and prepared weights.
+    pub workspace_bytes: usize,
 }
 
 impl Graph {
@@ -303,17 +309,46 @@ impl Graph {
             .map(|node| {
                 let ins: Vec<Vec<usize>> = node.inputs.iter().map(|&v| shapes[v].clone()).collect();
                 let refs: Vec<&[usize]> = ins.iter().map(Vec::as_slice).collect();
+                let named = |e: Error| with_node(e, &node.name);
+                let algorithm = node.op.algorithm_for_inputs(&refs).map_err(named)?;
+                let problem = node.op.problem(&refs).map_err(named)?;
+                let kind = node.op.kind();
+                let workspace_bytes = registry::entries(kind, DeviceKind::Cpu)
+                    .find(|e| e.algorithm.name() == algorithm)
+                    .map_or(0, |e| (e.workspace_bytes)(&problem, self.dtype));
                 Ok(NodeReport {
                     name: node.name.clone(),
-                    op: node.op.kind().name().into(),
-                    algorithm: node
-                        .op
-                        .algorithm_for_inputs(&refs)
-                        .map_err(|e| with_node(e, &node.name))?,
+                    op: kind.name().into(),
+                    algorithm,
                     input_shapes: ins,
                     output_shape: shapes[node.output].clone(),
                     fused: node.op.fused_activation().map(|k| k.name().to_string()),
+                    workspace_bytes,
                 })
+            })
+            .collect()
+    }
+
+    /// For every node, every algorithm of its operation with whether it can
+    /// run the node for these input shapes and the scratch memory it needs:
+    /// what exploration chooses among.
+    pub fn candidates(&self, input_shapes: &[Vec<usize>]) -> Result<Vec<Vec<Candidate>>> {
+        let shapes = self.infer_shapes(input_shapes)?;
+        self.nodes
+            .iter()
+            .map(|node| {
+                let refs: Vec<&[usize]> =
+                    node.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
+                let problem = node
+                    .op
+                    .problem(&refs)
+                    .map_err(|e| with_node(e, &node.name))?;
+                Ok(registry::candidates(
+                    node.op.kind(),
+                    DeviceKind::Cpu,
+                    &problem,
+                    self.dtype,
+                ))
             })
             .collect()
     }
@@ -404,10 +439,17 @@ impl Graph {
     /// The memory plan for these input shapes (planning it if needed).
     pub fn memory_plan(&self, input_shapes: &[Vec<usize>]) -> Result<MemoryPlan> {
         let plan = self.plan_for(input_shapes)?;
+        let workspace_bytes = self
+            .summary(input_shapes)?
+            .iter()
+            .map(|r| r.workspace_bytes)
+            .max()
+            .unwrap_or(0);
         Ok(MemoryPlan {
             arena_bytes: plan.arena_bytes,
             intermediate_bytes: plan.intermediate_bytes,
             arenas_allocated: self.runtime().arenas_allocated,
+            workspace_bytes,
         })
     }
 

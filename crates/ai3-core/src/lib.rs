@@ -15,5 +15,5 @@ pub use ai3_kernels::params;
 pub use dtype::{DType, Device, Element};
 pub use error::{Error, Result};
 pub use graph::{Graph, MemoryPlan, NodeReport, ValueId};
-pub use registry::{Algorithm, OpKind, Request};
+pub use registry::{Algorithm, Candidate, OpKind, Request};
 pub use tensor::Tensor;

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use ai3_kernels::cpu::conv2d::{fft, winograd};
+use ai3_kernels::cpu::conv2d::{fft, padded_copy_elements, winograd};
 use ai3_kernels::custom::{self, CustomOp};
 use ai3_kernels::params::{Conv2dParams, LinearParams};
 
@@ -177,6 +177,17 @@ fn no_workspace(_: &Problem, _: DType) -> usize {
     0
 }
 
+/// The zero-padded copy of the input that direct convolution and SMM work on.
+fn padded_copy_workspace(problem: &Problem, dtype: DType) -> usize {
+    match problem {
+        // Saturating: an estimate, for sizes that may not fit.
+        Problem::Conv2d(p) => padded_copy_elements(p)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(dtype.size()),
+        _ => 0,
+    }
+}
+
 fn winograd_supports(problem: &Problem) -> std::result::Result<(), String> {
     match problem {
         Problem::Conv2d(p) => winograd::check(p),
@@ -309,13 +320,16 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
         "direct loop nest over output pixels",
         always,
         any_problem,
-        no_workspace,
+        padded_copy_workspace,
         direct_preferred
     ),
     row!(
         Conv2d,
         Smm,
-        "scalar matrix multiplication with zero packing"
+        "scalar matrix multiplication with zero packing",
+        always,
+        any_problem,
+        padded_copy_workspace
     ),
     row!(
         Conv2d,
@@ -379,6 +393,49 @@ pub fn selectable_names(op: OpKind) -> Vec<&'static str> {
     }
     names.push("default");
     names
+}
+
+/// What the registry says about one algorithm for one problem: what
+/// exploration chooses among.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// `Some(reason)` when it cannot run this problem here (unavailable in
+    /// this build, or the configuration is unsupported).
+    pub unusable: Option<String>,
+    /// Scratch bytes it needs beyond input, output and prepared weights.
+    pub workspace_bytes: usize,
+}
+
+/// Every algorithm of `op` on `device`, in registry order, with whether it
+/// can run `problem` and the scratch memory it needs in `dtype`.
+pub fn candidates(
+    op: OpKind,
+    device: DeviceKind,
+    problem: &Problem,
+    dtype: DType,
+) -> Vec<Candidate> {
+    entries(op, device)
+        .map(|e| Candidate {
+            algorithm: e.algorithm,
+            unusable: (e.available)().and_then(|()| (e.supports)(problem)).err(),
+            workspace_bytes: (e.workspace_bytes)(problem, dtype),
+        })
+        .collect()
+}
+
+/// The scratch bytes `algorithm` needs for `problem` on `device` (0 when it has no row).
+pub fn workspace_bytes(
+    op: OpKind,
+    algorithm: Algorithm,
+    device: DeviceKind,
+    problem: &Problem,
+    dtype: DType,
+) -> usize {
+    entries(op, device)
+        .find(|e| e.algorithm == algorithm)
+        .map_or(0, |e| (e.workspace_bytes)(problem, dtype))
 }
 
 /// What a user asked for: a named algorithm or ai3's choice.
@@ -596,6 +653,33 @@ mod tests {
             &conv(3, 1)
         )
         .is_ok());
+    }
+
+    #[test]
+    fn candidates_say_why_not_and_count_scratch() {
+        let strided = candidates(OpKind::Conv2d, DeviceKind::Cpu, &conv(3, 2), DType::F32);
+        let get = |a: Algorithm| strided.iter().find(|c| c.algorithm == a).unwrap();
+        assert!(get(Algorithm::Winograd)
+            .unusable
+            .as_deref()
+            .unwrap()
+            .contains("stride"));
+        assert_eq!(get(Algorithm::Gemm).unusable, None);
+        // im2col of a 3x3 stride-2 conv over 4 channels of 8x8 (padding 1): 4*9*4*4 floats.
+        assert_eq!(get(Algorithm::Gemm).workspace_bytes, 4 * 9 * 16 * 4);
+        // Direct's padded copy: 10 rows of 2 phases x 5 columns per channel, plus slack.
+        assert_eq!(
+            get(Algorithm::Direct).workspace_bytes,
+            (4 * 10 * 10 + 64) * 4
+        );
+        let f64_bytes = workspace_bytes(
+            OpKind::Conv2d,
+            Algorithm::Direct,
+            DeviceKind::Cpu,
+            &conv(3, 2),
+            DType::F64,
+        );
+        assert_eq!(f64_bytes, 2 * get(Algorithm::Direct).workspace_bytes);
     }
 
     #[test]

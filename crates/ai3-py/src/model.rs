@@ -531,7 +531,34 @@ impl Model {
         d.set_item("arena_bytes", plan.arena_bytes)?;
         d.set_item("intermediate_bytes", plan.intermediate_bytes)?;
         d.set_item("arenas_allocated", plan.arenas_allocated)?;
+        d.set_item("workspace_bytes", plan.workspace_bytes)?;
         Ok(d)
+    }
+
+    /// For every node, every algorithm of its operation: a dict with
+    /// `algorithm`, `unusable` (why it cannot run this node, or `None`) and
+    /// `workspace_bytes`, for these input shapes.
+    fn candidates<'py>(
+        &self,
+        py: Python<'py>,
+        input_shapes: Vec<Vec<usize>>,
+    ) -> PyResult<Vec<Vec<Bound<'py, PyDict>>>> {
+        let nodes =
+            no_panic("candidates", || self.graph.candidates(&input_shapes)).map_err(to_py)?;
+        nodes
+            .into_iter()
+            .map(|node| {
+                node.into_iter()
+                    .map(|c| {
+                        let d = PyDict::new(py);
+                        d.set_item("algorithm", c.algorithm.name())?;
+                        d.set_item("unusable", c.unusable)?;
+                        d.set_item("workspace_bytes", c.workspace_bytes)?;
+                        Ok(d)
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Adds a reshape of `inputs[0]` to `spec`, one size expression per output
@@ -642,6 +669,7 @@ impl Model {
                 d.set_item("input_shapes", r.input_shapes)?;
                 d.set_item("output_shape", r.output_shape)?;
                 d.set_item("fused", r.fused)?;
+                d.set_item("workspace_bytes", r.workspace_bytes)?;
                 Ok(d)
             })
             .collect()

@@ -392,6 +392,10 @@ impl Operation for Conv2d {
         Ok(self.algorithm(&p)?.name().into())
     }
 
+    fn problem(&self, inputs: &[&[usize]]) -> Result<Problem> {
+        Ok(Problem::Conv2d(self.params_for(single(OP, inputs)?)?.0))
+    }
+
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         let (p, batched) = self.params_for(single(OP, inputs)?)?;
         Ok(image_shape(

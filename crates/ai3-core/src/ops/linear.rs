@@ -110,6 +110,9 @@ impl Operation for Linear {
             .name()
             .into())
     }
+    fn problem(&self, inputs: &[&[usize]]) -> Result<Problem> {
+        Ok(Problem::Linear(self.params_for(single(OP, inputs)?)?))
+    }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         let x = single(OP, inputs)?;
         self.params_for(x)?;

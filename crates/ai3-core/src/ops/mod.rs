@@ -51,6 +51,12 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn algorithm_for_inputs(&self, inputs: &[&[usize]]) -> Result<String> {
         self.algorithm_for(inputs.first().copied().unwrap_or(&[]))
     }
+    /// The problem the registry judges for inputs of these shapes (support,
+    /// workspace); by default the first input's element count.
+    fn problem(&self, inputs: &[&[usize]]) -> Result<Problem> {
+        let numel = inputs.first().map_or(0, |s| s.iter().product());
+        Ok(Problem::Elementwise { numel })
+    }
     /// The output shape for these input shapes, or an error naming the shapes.
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>>;
     /// The activation fused into this node at convert time, for summaries.

@@ -93,6 +93,11 @@ impl Operation for RuntimeWeights {
         self.probe(weights)?.algorithm_for(x)
     }
 
+    fn problem(&self, inputs: &[&[usize]]) -> Result<crate::registry::Problem> {
+        let (x, weights) = self.split(inputs)?;
+        self.probe(weights)?.problem(&[x])
+    }
+
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         let (x, weights) = self.split(inputs)?;
         self.probe(weights)?.output_shape(&[x])

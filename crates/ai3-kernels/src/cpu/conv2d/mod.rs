@@ -14,6 +14,7 @@ pub mod smm;
 pub mod winograd;
 
 mod padded;
+pub use padded::padded_copy_elements;
 
 use rayon::prelude::*;
 

@@ -33,23 +33,58 @@ pub(crate) struct Padded<T> {
     pub img_stride: usize,
 }
 
+/// The sizes of [`Padded`]'s buffer for `p`.
+struct Layout {
+    wq: usize,
+    row_stride: usize,
+    chan_stride: usize,
+    img_stride: usize,
+    /// Elements of the buffer, slack included.
+    len: usize,
+}
+
+const WHAT: &str = "padded input copy";
+
+impl Layout {
+    fn of(p: &Conv2dParams) -> KernelResult<Self> {
+        let sw = p.stride.1;
+        let wq = p.padded_w().div_ceil(sw);
+        let row_stride = checked_product(WHAT, &[sw, wq])?;
+        let chan_stride = checked_product(WHAT, &[p.padded_h(), row_stride])?;
+        let img_stride = checked_product(WHAT, &[p.in_channels, chan_stride])?;
+        let len = checked_product(WHAT, &[p.batch, img_stride])?
+            .checked_add(SLACK)
+            .ok_or(crate::KernelError::Overflow { what: WHAT })?;
+        Ok(Layout {
+            wq,
+            row_stride,
+            chan_stride,
+            img_stride,
+            len,
+        })
+    }
+}
+
+/// Elements of the zero-padded input copy the direct and SMM kernels make for
+/// `p` (their only scratch memory), or an error when the count overflows.
+pub fn padded_copy_elements(p: &Conv2dParams) -> KernelResult<usize> {
+    Ok(Layout::of(p)?.len)
+}
+
 impl<T: Float> Padded<T> {
     /// Copies `input` (NCHW) into the padded, phase-split layout, in parallel
     /// over channel planes. `p` has passed [`Conv2dParams::check_sizes`]; the
     /// copy's own size may still overflow or be refused (huge padding).
     pub fn new(p: &Conv2dParams, input: &[T]) -> KernelResult<Self> {
-        const WHAT: &str = "padded input copy";
+        let Layout {
+            wq,
+            row_stride,
+            chan_stride,
+            img_stride,
+            len,
+        } = Layout::of(p)?;
         let sw = p.stride.1;
-        let hp = p.padded_h();
-        let wp = p.padded_w();
-        let wq = wp.div_ceil(sw);
-        let row_stride = checked_product(WHAT, &[sw, wq])?;
-        let chan_stride = checked_product(WHAT, &[hp, row_stride])?;
-        let img_stride = checked_product(WHAT, &[p.in_channels, chan_stride])?;
         let planes = p.batch * p.in_channels;
-        let len = checked_product(WHAT, &[planes, chan_stride])?
-            .checked_add(SLACK)
-            .ok_or(crate::KernelError::Overflow { what: WHAT })?;
         let mut buf = try_zeroed_vec(len, WHAT)?;
         let plane_in = p.in_h * p.in_w;
         let (pt, pl) = (p.padding.top, p.padding.left);
