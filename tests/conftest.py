@@ -8,6 +8,7 @@ a test on values around 1e3 is as strict, relatively, as one around 1.
 from __future__ import annotations
 
 import copy
+import os
 import random
 
 import ai3
@@ -23,6 +24,12 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 
 DTYPES = [torch.float32, torch.float64]
 DTYPE_IDS = ["f32", "f64"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """'auto' measurements go to a folder of this run, never the user's cache."""
+    os.environ["AI3_CACHE_DIR"] = str(tmp_path_factory.mktemp("ai3-cache"))
 
 
 @pytest.fixture(autouse=True)

@@ -279,7 +279,7 @@ def test_supported_algorithms_list_default_and_custom():
     assert set(ai3.SUPPORTED_ALGORITHMS) == set(registry)
     for op, names in ai3.SUPPORTED_ALGORITHMS.items():
         assert "default" in names, op
-        assert set(names) == registry[op] | {"default"}, op
+        assert set(names) == registry[op] | {"default", "auto"}, op
         assert len(names) == len(set(names)), op
     for op in REFERENCE_OPS:
         assert "custom" in ai3.SUPPORTED_ALGORITHMS[op], op

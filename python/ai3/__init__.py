@@ -34,10 +34,12 @@ from .errors import (
     InternalError,
     InvalidArgumentError,
     OutOfMemoryError,
+    PlanError,
     SelectorError,
     ShapeError,
     UnsupportedOperationError,
 )
+from .explore import Auto, Plan
 from .model import Model, Summary
 from .selectors import AlgorithmicSelector
 from .swap import (
@@ -60,6 +62,7 @@ except PackageNotFoundError:  # running from a source tree without installing
 
 __all__ = [
     "AlgorithmError",
+    "Auto",
     "CustomError",
     "AlgorithmicSelector",
     "DEFAULT_ALGOS",
@@ -71,6 +74,8 @@ __all__ = [
     "Model",
     "OPERATIONS",
     "OutOfMemoryError",
+    "Plan",
+    "PlanError",
     "SUPPORTED_ALGORITHMS",
     "SelectorError",
     "ShapeError",

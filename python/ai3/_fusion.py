@@ -11,6 +11,7 @@ the user's C++ (``'custom'``) is never fused away.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import torch
 
@@ -72,7 +73,7 @@ def _fold(conv: Step, bn: Step) -> None:
         conv.args[2] = b.to(weight.dtype)
 
 
-def apply(lw: Lowerer, algo_of: dict[int, str]) -> list[Step]:
+def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
     """Folds and fuses in place; returns the steps that still run.
     ``algo_of`` maps ``id(step)`` to the algorithm chosen for it."""
     steps = list(lw.steps)
@@ -88,8 +89,10 @@ def apply(lw: Lowerer, algo_of: dict[int, str]) -> list[Step]:
             steps.remove(bn)
     for act in [s for s in steps if s.op in FUSABLE]:
         prod = _producer(lw, steps, act, PRODUCERS)
-        # An activation that runs the user's C++ must stay a node of its own.
-        if _core.runs_custom(act.op, algo_of[id(act)]):
+        # An activation that runs the user's C++ must stay a node of its own, and
+        # so must one whose algorithm is measured later ('auto' with a choice).
+        algo = algo_of[id(act)]
+        if not isinstance(algo, str) or _core.runs_custom(act.op, algo):
             continue
         if prod is not None and "activation" not in prod.kwargs:
             kind, params = ("relu", []) if act.method == "relu" else (act.args[1], act.args[2])

@@ -23,9 +23,12 @@ OPERATIONS: tuple[str, ...] = tuple(_SELECTABLE)
 
 #: For each operation, the algorithm names a selector may give it: the algorithms the
 #: registry knows (some may be unavailable in this build, see :func:`algorithm_table`),
-#: ``'custom'`` where the user's C++ can implement the operation, and ``'default'``
-#: (ai3 picks per layer). Swapping also accepts ``'torch'`` (keep PyTorch's module).
-SUPPORTED_ALGORITHMS: dict[str, list[str]] = {op: list(names) for op, names in _SELECTABLE.items()}
+#: ``'custom'`` where the user's C++ can implement the operation, ``'default'``
+#: (ai3's rule per layer) and ``'auto'`` (measured per layer, see :class:`ai3.Auto`).
+#: Swapping also accepts ``'torch'`` (keep PyTorch's module).
+SUPPORTED_ALGORITHMS: dict[str, list[str]] = {
+    op: [*names, "auto"] for op, names in _SELECTABLE.items()
+}
 
 #: The selector used for an operation that ``convert`` or ``swap_operation`` is not told about.
 DEFAULT_ALGOS: dict[str, str] = {op: "default" for op in _SELECTABLE}

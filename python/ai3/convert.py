@@ -8,6 +8,7 @@ activations (:mod:`ai3._fusion`) -> a recipe the Rust graph is built from.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +20,10 @@ from torch import nn
 from . import _fusion, swap
 from ._lowering import ALGO, ALL_INPUTS, MODULES, In, Lowerer, Step
 from ._shapes import input_shapes_of_nodes, trace
-from .errors import DtypeError, UnsupportedOperationError
+from .errors import DtypeError, SelectorError, UnsupportedOperationError
+from .explore.auto import Auto
+from .explore.plan import FromPlan, Plan, as_plan, check_complete, warn_if_foreign
+from .explore.resolve import settle_trivial
 from .model import Model
 from .selectors import AlgorithmicSelector, Selection, normalize_algos, op_name
 
@@ -99,6 +103,12 @@ class _Recipe:
         self.nodes: list[tuple[str, list, dict]] = []
         self.ids: dict[torch.fx.Node, int] = {}
         self.next_id = 0
+        #: Nodes whose algorithm is decided once input shapes are known
+        #: (see :mod:`ai3.explore.resolve`).
+        self.pending: list[int] = []
+        #: Per node index (but those reading a list of inputs): where its
+        #: algorithm goes and which arguments are graph values.
+        self.layouts: dict[int, dict[str, Any]] = {}
 
     def tensor(self, t: Any) -> Any:
         # One private copy in the model's dtype, which the Rust side borrows without copying again.
@@ -120,19 +130,30 @@ class _Recipe:
             self.next_id += 1
         return self.ids[n]
 
-    def add(self, s: Step, algo: str) -> None:
+    def add(self, s: Step, algo: str | Auto | FromPlan) -> None:
+        """Appends ``s``; an algorithm not yet known (``'auto'``, a plan's) is left
+        as its marker and the node listed in :attr:`pending`."""
         ids = [self.value(i) for i in s.inputs]
         args: list[Any] = []
+        values: list[int] = []  # positions (after the name) holding one graph value
         for a in s.args:
             if isinstance(a, In):
+                values.append(len(args) + 1)
                 args.append(ids[a.k])
             elif isinstance(a, str) and a == ALL_INPUTS:
                 args.append(ids)
             elif isinstance(a, str) and a == ALGO:
+                algo_pos = len(args) + 1
                 args.append(algo)
             else:
                 args.append(self.tensor(a))
         name = str(s.node.target) if s.node.op == "call_module" else s.node.name
+        if ALL_INPUTS not in s.args:  # (no such operation has several algorithms to choose)
+            self.layouts[len(self.nodes)] = {"algo_pos": algo_pos, "values": values}
+        if not isinstance(algo, str):
+            if ALL_INPUTS in s.args:
+                raise SelectorError(f"{s.op}: 'auto' and plans cannot choose for node '{name}'")
+            self.pending.append(len(self.nodes))
         self.nodes.append((s.method, [name, *args], dict(s.kwargs)))
         self.ids[s.node] = self.next_id
         self.next_id += 1
@@ -144,6 +165,7 @@ def convert(
     sample_input_shape: Sequence[int] | None = None,
     *,
     dtype: torch.dtype | str | None = None,
+    plan: Plan | str | os.PathLike | None = None,
 ) -> Model:
     """Converts ``module`` into an :class:`ai3.Model` run entirely by ai3.
 
@@ -175,6 +197,16 @@ def convert(
     operation they stand for and keep their algorithm, unless ``algos`` names
     that operation: then the selector decides for them too.
 
+    ``'auto'`` (or an :class:`ai3.Auto`) times every algorithm that can run a
+    layer on its input shape and keeps the fastest accurate one: at convert
+    time with ``sample_input_shape``, else at the first call (those choices
+    then stay for other shapes). Measurements are cached on disk, so a second
+    conversion times nothing; ``model.plan()`` gives the choices as a
+    :class:`ai3.Plan`. ``plan`` (a :class:`ai3.Plan` or the path of a saved
+    one) applies saved choices without timing: the model's layers must match
+    the plan's, on the plan's input shapes unless ``sample_input_shape`` is
+    given, or :class:`ai3.PlanError` names the first that does not.
+
     Example::
 
         model = ai3.convert(resnet50, {"conv2d": "winograd", "linear": "gemm"})
@@ -188,6 +220,22 @@ def convert(
     dtype_name = _resolve_dtype(module, dtype)
     selectors = normalize_algos(algos)
     named = frozenset(op_name(k) for k in algos) if algos else frozenset()
+    if plan is not None:
+        plan = as_plan(plan)
+        both = sorted(named & set(plan.ops))
+        if both:
+            raise SelectorError(
+                f"convert: the plan chooses the algorithms of {both}; do not also give "
+                "selectors for them"
+            )
+        warn_if_foreign(plan)
+        for op in plan.ops:
+            selectors[op] = FromPlan(plan, op)
+        named |= frozenset(plan.ops)
+    # The shapes pending layers are decided for: the user's, else the plan's.
+    decide_for: Any = tuple(sample_input_shape) if sample_input_shape else None
+    if decide_for is None and plan is not None:
+        decide_for = [tuple(s) for s in plan.input_shapes]
     if swap.is_swapped(module) or type(module) in MODULES:
         # A layer passed on its own is traced as one call of it, with its
         # module semantics (padding modes, ...), not through its forward.
@@ -206,7 +254,7 @@ def convert(
         raise UnsupportedOperationError(lw.unsupported)
     shapes = input_shapes_of_nodes(gm, sample_input_shape, getattr(torch, dtype_name))
     chosen = _select(lw, selectors, shapes, named)
-    algo_of = {id(s): chosen[i] for i, s in enumerate(lw.steps)}
+    algo_of = {id(s): settle_trivial(s.op, chosen[i]) for i, s in enumerate(lw.steps)}
     running = _fusion.apply(lw, algo_of)
 
     recipe = _Recipe(lw, dtype_name)
@@ -216,6 +264,8 @@ def convert(
         recipe.next_id += 1
     for s in running:
         recipe.add(s, algo_of[id(s)])
+    if plan is not None and not any(isinstance(algo_of[id(s)], FromPlan) for s in running):
+        check_complete(plan, 0)
     return Model(
         {
             "dtype": dtype_name,
@@ -223,7 +273,9 @@ def convert(
             "nodes": recipe.nodes,
             "outputs": [recipe.value(o) for o in lw.outputs],
             "single_output": lw.single_output,
-            "sample_input_shape": tuple(sample_input_shape) if sample_input_shape else None,
+            "sample_input_shape": decide_for,
+            "pending": recipe.pending,
+            "layouts": recipe.layouts,
         }
     )
 

@@ -12,6 +12,7 @@ __all__ = [
     "InvalidArgumentError",
     "AlgorithmError",
     "SelectorError",
+    "PlanError",
     "DeviceError",
     "CustomError",
     "InternalError",
@@ -42,6 +43,10 @@ class AlgorithmError(Error, ValueError):
 
 class SelectorError(Error, ValueError):
     """An algorithmic selector does not fit the modules it selects for."""
+
+
+class PlanError(Error, ValueError):
+    """A saved plan cannot be read, or does not fit the model it is applied to."""
 
 
 class DeviceError(Error, RuntimeError):

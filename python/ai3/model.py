@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +12,8 @@ import torch
 
 from . import _core, threads
 from .errors import DeviceError, Error, InvalidArgumentError
+from .explore.plan import Plan
+from .explore.resolve import plan_layers, resolve
 from .tensor import Tensor, _check_out_type
 
 __all__ = ["Model", "Summary"]
@@ -23,8 +26,14 @@ _GRAD_WARNING = (
 
 
 def _build(recipe: dict[str, Any]) -> _core.Model:
+    """The Rust model of ``recipe``; nodes still pending ('auto', a plan) run
+    ``'default'`` in it, as a provisional model."""
     core = _core.Model(recipe["dtype"], recipe["num_inputs"], copy_weights=False)
-    for method, args, kwargs in recipe["nodes"]:
+    provisional = {i: recipe["layouts"][i]["algo_pos"] for i in recipe.get("pending") or []}
+    for i, (method, args, kwargs) in enumerate(recipe["nodes"]):
+        if i in provisional:
+            args = list(args)
+            args[provisional[i]] = "default"
         try:
             getattr(core, method)(*args, **kwargs)
         except OverflowError as e:  # a negative size or count, which Rust takes unsigned
@@ -136,6 +145,10 @@ class Model:
 
     def __init__(self, recipe: dict[str, Any]):
         self._recipe = recipe
+        self._decide_lock = threading.Lock()
+        shape = recipe.get("sample_input_shape")
+        if recipe.get("pending") and shape is not None:
+            resolve(recipe, self._as_shape_list(shape), _build)
         self._core = _build(recipe)
         # The input shapes of the latest call, for repr and summary().
         self._last_shapes: list[Any] | None = None
@@ -167,9 +180,18 @@ class Model:
             prepared.append(x)
         return prepared, shapes
 
+    def _decide(self, shapes: list[Any]) -> None:
+        """Decides the pending layers ('auto') for the first call's input shapes."""
+        with self._decide_lock:
+            if self._recipe.get("pending"):
+                resolve(self._recipe, [list(s) for s in shapes], _build)
+                self._core = _build(self._recipe)
+
     def _run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         threads.sync()
         prepared, shapes = self._prepare(inputs, stacklevel=4)  # _prepare, _run, caller, user
+        if self._recipe.get("pending"):
+            self._decide(shapes)
         capsules = self._core.run(prepared)
         # Only after a successful run, so that repr never shows shapes the model rejected.
         self._last_shapes = shapes
@@ -259,6 +281,28 @@ class Model:
         a new one only when the input shape grows)."""
         return self._core.memory_plan(self._shapes("memory_plan", input_shape))
 
+    def plan(self) -> Plan:
+        """The algorithm each layer runs, as a :class:`ai3.Plan` to
+        :meth:`~ai3.Plan.save` and apply to later conversions: every layer of
+        the operations ``'auto'`` or a plan chose for (with the measurements
+        behind each ``'auto'`` choice), or of every operation with a choice of
+        algorithms when none did. Before the first call of a model converted
+        with ``'auto'`` and no ``sample_input_shape``, nothing is chosen yet:
+        that is an :class:`ai3.InvalidArgumentError`."""
+        if self._recipe.get("pending"):
+            raise InvalidArgumentError(
+                "plan: the 'auto' layers are decided at the first call (or from convert's "
+                "sample_input_shape); call the model once first"
+            )
+        shapes = self._recipe.get("decided_for") or self._known_shapes()
+        if shapes is None:
+            raise InvalidArgumentError(
+                "plan: an input shape is needed: give convert a sample_input_shape, or call "
+                "the model once first"
+            )
+        shapes = [list(s) for s in shapes]
+        return Plan(plan_layers(self._recipe, shapes, self._core), shapes, self._core.dtype)
+
     def _requested_table(self) -> str:
         """Without shapes only the requested algorithm is known ('default' resolves per shape)."""
         steps = [(args, kw) for method, args, kw in self._recipe["nodes"] if method != "constant"]
@@ -296,4 +340,5 @@ class Model:
     def __deepcopy__(self, memo):
         import copy
 
-        return Model(copy.deepcopy(self._recipe, memo))
+        with self._decide_lock:
+            return Model(copy.deepcopy(self._recipe, memo))

@@ -2,7 +2,9 @@
 
 A selector is one of
 
-- a name (``'direct'``), used for every module of that operation;
+- a name (``'direct'``), used for every module of that operation; ``'auto'``
+  (or an :class:`ai3.Auto` with settings) times the algorithms on each
+  layer's input shape and keeps the fastest accurate one;
 - a list of names, used in forward order (one per module; too short is an error);
 - a function ``f(module) -> str``, or ``f(module, input_shape) -> str`` when a
   ``sample_input_shape`` is given so ai3 can tell it each module's input shape.
@@ -19,9 +21,11 @@ from torch import nn
 from . import _core
 from .algorithms import DEFAULT_ALGOS, OPERATIONS
 from .errors import SelectorError
+from .explore.auto import Auto, as_auto
+from .explore.plan import FromPlan
 
 #: Anything that selects algorithms for one operation.
-AlgorithmicSelector = str | Sequence[str] | Callable[..., str]
+AlgorithmicSelector = str | Auto | Sequence[str | Auto] | Callable[..., str | Auto]
 
 
 def op_name(op: Any) -> str:
@@ -86,7 +90,7 @@ class Selection:
         self.selector = selector
         self.allow_torch = allow_torch
         self.index = 0
-        if isinstance(selector, str):
+        if isinstance(selector, (str, Auto, FromPlan)):
             self.kind = "name"
         elif callable(selector):
             self.kind = "function"
@@ -121,8 +125,9 @@ class Selection:
                 f"got {type(selector).__name__}"
             )
 
-    def next(self, module: nn.Module, input_shape: Sequence[int] | None) -> str:
-        """The algorithm for the next module in forward order (validated by name)."""
+    def next(self, module: nn.Module, input_shape: Sequence[int] | None) -> str | Auto | FromPlan:
+        """The algorithm for the next module in forward order (validated by name);
+        an :class:`Auto` for ``'auto'``, decided later on the layer's input shape."""
         if self.kind == "name":
             algo = self.selector
         elif self.kind == "list":
@@ -132,10 +137,17 @@ class Selection:
         else:
             algo = self.selector(module)  # type: ignore[operator]
         self.index += 1
+        if isinstance(algo, FromPlan):
+            return algo
+        auto = as_auto(algo)
+        if auto is not None:
+            for name in auto.algorithms or ():
+                _core.check_algorithm(self.op, name)
+            return auto
         if not isinstance(algo, str):
             raise SelectorError(
                 f"the {self.op} selector returned {algo!r} for module {self.index} "
-                "but must return an algorithm name"
+                "but must return an algorithm name (or an ai3.Auto)"
             )
         if algo == "torch":
             if not self.allow_torch:

@@ -23,7 +23,9 @@ modules, always with the same ``Parameter`` objects.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,7 +35,9 @@ from torch import nn
 from . import _core, _custom_ops
 from . import _layers as L
 from ._shapes import forward_order, input_shapes_of_modules
-from .errors import DtypeError, ShapeError
+from .errors import DtypeError, PlanError, SelectorError, ShapeError
+from .explore.auto import Auto
+from .explore.plan import FromPlan, Plan, as_plan, warn_if_foreign
 from .selectors import AlgorithmicSelector, Selection, op_name
 
 __all__ = [
@@ -84,7 +88,7 @@ class _Swapped(nn.Module):
     #: The PyTorch module type this class stands in for.
     torch_type: type[nn.Module] = nn.Module
 
-    def __init__(self, orig: nn.Module, algorithm: str):
+    def __init__(self, orig: nn.Module, algorithm: str | Auto):
         super().__init__()
         self.algorithm = algorithm
         self._hyper = {k: v for k, v in vars(orig).items() if k not in _MODULE_INTERNALS}
@@ -109,7 +113,14 @@ class _Swapped(nn.Module):
 
     def extra_repr(self) -> str:
         base = self.torch_type.extra_repr(self)
-        return f"{base}, algorithm={self.algorithm!r}" if base else f"algorithm={self.algorithm!r}"
+        algo = repr(str(self.algorithm))  # an ai3.Auto still to decide shows as 'auto'
+        return f"{base}, algorithm={algo}" if base else f"algorithm={algo}"
+
+    def _algo(self, x: torch.Tensor) -> str:
+        """The algorithm; ``'auto'`` is decided here, on the first input's shape."""
+        if not isinstance(self.algorithm, str):
+            self.algorithm = decide_module(self, tuple(x.shape), self.algorithm)
+        return self.algorithm
 
 
 class Conv2d(_Swapped):
@@ -123,7 +134,7 @@ class Conv2d(_Swapped):
         self.spec = L.conv_spec_of(orig)
         # Fails now, not at the first forward, for an algorithm that cannot run this layer.
         dtype = {torch.float32: "float32", torch.float64: "float64"}.get(orig.weight.dtype)
-        if dtype is not None:
+        if dtype is not None and isinstance(algorithm, str):
             s = self.spec
             _core.Model(dtype, 1, copy_weights=False).conv2d(
                 "probe", 0, orig.weight.detach(), None, s.stride, s.padding, s.dilation,
@@ -132,6 +143,7 @@ class Conv2d(_Swapped):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, batched = _as_batched(self.op, x)
+        algo = self._algo(x)
         if x.dtype != self.weight.dtype:
             raise DtypeError(
                 f"conv2d: input of shape {list(x.shape)} is {x.dtype} but the weight of shape "
@@ -154,7 +166,7 @@ class Conv2d(_Swapped):
             [top, left],
             list(s.dilation),
             s.groups,
-            self.algorithm,
+            algo,
         )
         return y if batched else y.squeeze(0)
 
@@ -171,7 +183,7 @@ class Linear(_Swapped):
                 f"linear: input of shape {list(x.shape)} is {x.dtype} but the weight of shape "
                 f"{list(self.weight.shape)} is {self.weight.dtype}"
             )
-        return _custom_ops.call("linear", x, self.weight, self.bias, self.algorithm)
+        return _custom_ops.call("linear", x, self.weight, self.bias, self._algo(x))
 
 
 class ReLU(_Swapped):
@@ -182,7 +194,7 @@ class ReLU(_Swapped):
     torch_type = nn.ReLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _custom_ops.call("relu", x, self.algorithm)
+        y = _custom_ops.call("relu", x, self._algo(x))
         return x.copy_(y) if self.inplace else y
 
 
@@ -207,7 +219,7 @@ class MaxPool2d(_Swapped):
             list(p.padding),
             list(p.dilation),
             p.ceil_mode,
-            self.algorithm,
+            self._algo(x),
         )
         return y if batched else y.squeeze(0)
 
@@ -234,7 +246,7 @@ class AvgPool2d(_Swapped):
             p.ceil_mode,
             self._include_pad,
             self._divisor,
-            self.algorithm,
+            self._algo(x),
         )
         return y if batched else y.squeeze(0)
 
@@ -253,7 +265,7 @@ class AdaptiveAvgPool2d(_Swapped):
         x, batched = _as_batched(self.op, x)
         oh, ow = self._size
         size = [x.shape[2] if oh is None else oh, x.shape[3] if ow is None else ow]
-        y = _custom_ops.call("adaptiveavgpool2d", x, size, self.algorithm)
+        y = _custom_ops.call("adaptiveavgpool2d", x, size, self._algo(x))
         return y if batched else y.squeeze(0)
 
 
@@ -264,10 +276,55 @@ class Flatten(_Swapped):
     torch_type = nn.Flatten
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _custom_ops.call("flatten", x, self.start_dim, self.end_dim, self.algorithm)
+        return _custom_ops.call("flatten", x, self.start_dim, self.end_dim, self._algo(x))
 
 
 _WRAPPERS: dict[str, type[_Swapped]] = {w.op: w for w in _Swapped.__subclasses__()}
+
+
+def decide_module(module: nn.Module, input_shape: tuple[int, ...], marker: Auto | FromPlan) -> str:
+    """The algorithm ``'auto'`` (or a one-layer plan) picks for ``module`` alone on
+    inputs of ``input_shape``: the module converted on its own, decided as in
+    :func:`ai3.convert`."""
+    from .convert import convert  # convert imports this module
+
+    orig = module.to_torch() if is_swapped(module) else module
+    op = L.op_of_module(orig)
+    dtype = next((p.dtype for p in orig.parameters() if p.is_floating_point()), torch.float32)
+    if isinstance(marker, FromPlan):
+        model = convert(orig, sample_input_shape=input_shape, dtype=dtype, plan=marker.plan)
+    else:
+        model = convert(orig, {op: marker}, sample_input_shape=input_shape, dtype=dtype)
+    return model.summary(input_shape)[0]["algorithm"]
+
+
+def _from_plan(
+    plan: Plan, op: str, modules: list[nn.Module], names: dict[int, str], shapes: dict
+) -> list[str]:
+    """The plan's algorithm for each of ``modules`` (forward order), each checked
+    against the plan's layer of the same rank among those of ``op``."""
+    layers = [layer for layer in plan.layers if layer.op == op]
+    if len(layers) != len(modules):
+        raise PlanError(
+            f"the plan does not fit the model: it lists {len(layers)} {op} layer(s), the "
+            f"model has {len(modules)}"
+        )
+    chosen = []
+    for i, (m, layer) in enumerate(zip(modules, layers, strict=True)):
+        name = names.get(id(m), "")
+        if layer.name != name:
+            raise PlanError(
+                f"the plan does not fit the model at {op} layer {i + 1}: name '{layer.name}' "
+                f"in the plan, '{name}' in the model"
+            )
+        # The layer alone, checked against a one-layer plan under the name convert gives it.
+        alone = type(m.to_torch() if is_swapped(m) else m).__name__.lower()
+        one = Plan([replace(layer, name=alone)], plan.input_shapes, plan.dtype, plan.machine)
+        try:
+            chosen.append(decide_module(m, shapes[m], FromPlan(one, op)))
+        except PlanError as e:
+            raise PlanError(f"{op} layer {i + 1} ('{name}'): {e}") from e
+    return chosen
 
 
 def is_swapped(module: nn.Module) -> bool:
@@ -282,6 +339,7 @@ def swap_operation(
     sample_input_shape: Sequence[int] | None = None,
     *,
     swap_with: Callable[[nn.Module, str], nn.Module] | None = None,
+    plan: Plan | str | os.PathLike | None = None,
 ) -> nn.Module:
     """Replaces, in place, every module of ``op_type`` inside ``module`` with
     one running the selected ai3 algorithm; ``'torch'`` keeps a PyTorch module
@@ -292,6 +350,14 @@ def swap_operation(
     or a function of the module, and of its input shape when
     ``sample_input_shape`` is given). ``swap_with(orig, algorithm)`` builds the
     replacement instead of ai3's own module.
+
+    ``'auto'`` (or an :class:`ai3.Auto`) times the algorithms on each layer's
+    input shape and keeps the fastest accurate one: now with
+    ``sample_input_shape``, else at each layer's first call (give
+    ``sample_input_shape`` when the network is then compiled). ``plan`` (an
+    :class:`ai3.Plan` or the path of one) takes each layer's algorithm from
+    the plan's layers of this operation, checked against them (on the plan's
+    input shape unless ``sample_input_shape`` is given).
 
     Layers swapped earlier are found again and counted in forward order like
     plain ones: they are rebuilt with the new algorithm from the same
@@ -317,6 +383,13 @@ def swap_operation(
         if L.op_of_module(m) == op or (is_swapped(m) and m.op == op):
             targets.append(m)  # modules() yields each module once
     ordered = forward_order(module, targets)
+    if plan is not None:
+        if algos is not None:
+            raise SelectorError(f"swap_operation: give algos or a plan for {op}, not both")
+        plan = as_plan(plan)
+        warn_if_foreign(plan)
+        if sample_input_shape is None:
+            sample_input_shape = plan.input_shapes[0]
     shapes = (
         input_shapes_of_modules(module, sample_input_shape, ordered)
         if sample_input_shape is not None
@@ -326,8 +399,18 @@ def swap_operation(
                           shapes is not None, allow_torch=True)  # fmt: skip
     build = swap_with or _WRAPPERS[op]
     replacement: dict[int, nn.Module] = {}
-    for m in ordered:
-        algo = selection.next(m, shapes.get(m) if shapes else None)
+    planned = (
+        _from_plan(plan, op, ordered, {id(m): n for n, m in module.named_modules()}, shapes)
+        if plan is not None and shapes is not None
+        else None
+    )
+    for i, m in enumerate(ordered):
+        if planned is not None:
+            algo = planned[i]
+        else:
+            algo = selection.next(m, shapes.get(m) if shapes else None)
+        if isinstance(algo, Auto) and shapes is not None:
+            algo = decide_module(m, shapes[m], algo)
         if not is_swapped(m):
             if algo != "torch":
                 replacement[id(m)] = build(m, algo)

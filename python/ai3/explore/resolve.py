@@ -1,0 +1,120 @@
+"""Deciding a converted model's pending layers: those whose selector said
+``'auto'`` (timed, see :mod:`.auto`) or ``plan=`` (looked up, see :mod:`.plan`).
+
+``convert`` leaves such a layer's algorithm as a marker in the recipe and
+lists it under ``recipe["pending"]``: the node's index, where its algorithm
+goes and which of its arguments are graph values. Once the input shapes are
+known (``sample_input_shape``, a plan's shapes, or the first call),
+:func:`resolve` gives every pending layer its algorithm and records each
+decision under ``recipe["decisions"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import _core
+from .auto import Auto, Node, available, choose, measure
+from .plan import FromPlan, PlanLayer, check_complete, match
+from .signature import node_signature
+
+
+def settle_trivial(op: str, algo: Any) -> Any:
+    """``'auto'`` for an operation with a single algorithm this build can run is
+    that algorithm: nothing to time, and known without shapes."""
+    if not isinstance(algo, Auto):
+        return algo
+    names = [a for a in available(op) if algo.algorithms is None or a in algo.algorithms]
+    return names[0] if len(names) == 1 else algo
+
+
+def _value_shapes(
+    recipe: dict[str, Any], rows: list[dict[str, Any]], input_shapes: list[list[int]]
+) -> dict[int, list[int]]:
+    """Every value id's shape: the inputs, the constants, the nodes' outputs."""
+    shapes = {i: list(s) for i, s in enumerate(input_shapes)}
+    rows_iter = iter(rows)
+    for offset, (method, args, _) in enumerate(recipe["nodes"]):
+        vid = recipe["num_inputs"] + offset
+        shapes[vid] = (
+            list(args[1].shape) if method == "constant" else next(rows_iter)["output_shape"]
+        )
+    return shapes
+
+
+def _signature(recipe: dict[str, Any], index: int, shapes: dict[int, list[int]]) -> tuple:
+    """Node ``index`` as a :class:`Node` with its name and signature."""
+    method, args, kwargs = recipe["nodes"][index]
+    layout = recipe["layouts"][index]
+    node = Node(
+        method, args, kwargs, layout["values"], layout["algo_pos"],
+        [shapes[args[v]] for v in layout["values"]], recipe["dtype"],
+    )  # fmt: skip
+    sig = node_signature(
+        method, args, kwargs, node.values, node.algo_pos, node.shapes, recipe["dtype"]
+    )
+    return node, args[0], sig
+
+
+def resolve(
+    recipe: dict[str, Any],
+    input_shapes: list[list[int]],
+    build: Callable[[dict[str, Any]], _core.Model],
+) -> None:
+    """Decides every pending node of ``recipe`` for these input shapes (in place).
+
+    ``build`` makes the provisional model (pending nodes on ``'default'``)
+    whose summary gives every node's input shapes."""
+    pending = recipe.get("pending") or []
+    if not pending:
+        return
+    dtype = recipe["dtype"]
+    shapes = _value_shapes(recipe, build(recipe).summary(input_shapes), input_shapes)
+    used: dict[int, tuple[Any, int]] = {}
+    decisions = []
+    for index in pending:
+        node, name, sig = _signature(recipe, index, shapes)
+        marker = node.args[node.algo_pos]
+        measured = None
+        if isinstance(marker, FromPlan):
+            plan, i = used.get(id(marker.plan), (marker.plan, 0))
+            algo = match(plan, i, name, sig)
+            used[id(plan)] = (plan, i + 1)
+        else:
+            measured = measure(node, sig, marker)
+            what = f"{node.method} at node '{name}' (input of shape {list(node.shapes[0])})"
+            algo = choose(measured, marker, dtype, what)
+        node.args[node.algo_pos] = algo  # the recipe's own list
+        decisions.append({"name": name, "op": node.method, "measurements": measured})
+    for plan, n in used.values():
+        check_complete(plan, n)
+    recipe["pending"] = []
+    recipe["decisions"] = decisions
+    recipe["decided_for"] = [list(s) for s in input_shapes]
+
+
+def plan_layers(
+    recipe: dict[str, Any], input_shapes: list[list[int]], core: _core.Model
+) -> list[PlanLayer]:
+    """The plan of a decided model: every layer of the operations 'auto' or a
+    plan decided (else of every operation with a choice of algorithms), with
+    the algorithm that runs for these shapes and any measurements."""
+    decisions = recipe.get("decisions") or []
+    ops = {d["op"] for d in decisions} or {
+        method for method, _, _ in recipe["nodes"] if len(available(method)) > 1
+    }
+    measured = {d["name"]: d["measurements"] for d in decisions}
+    rows = core.summary(input_shapes)
+    shapes = _value_shapes(recipe, rows, input_shapes)
+    algorithm_of = {}
+    row = iter(rows)
+    for i, (method, _, _) in enumerate(recipe["nodes"]):
+        if method != "constant":
+            algorithm_of[i] = next(row)["algorithm"]
+    layers = []
+    for i, (method, _, _) in enumerate(recipe["nodes"]):
+        if method in ops and i in recipe["layouts"]:
+            _, name, sig = _signature(recipe, i, shapes)
+            layers.append(PlanLayer(name, method, sig, algorithm_of[i], measured.get(name)))
+    return layers

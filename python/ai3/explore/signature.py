@@ -1,0 +1,106 @@
+"""What identifies a layer and a machine: the keys of the decision cache and of
+plans.
+
+A layer's signature is everything that decides which algorithm is fastest:
+the operation, its parameters (weights by shape only), the activation fused
+into it, its input shapes and the dtype. The machine description adds what
+the same layer's timings depend on beyond the layer: the CPU, its vector
+instruction set, the thread count and ai3's version.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import threads
+
+#: The keyword of a node that names its fused activation: part of the timing
+#: signature (the epilogue runs inside the timed kernel), not of a plan's layer
+#: (a swapped layer and a converted one with a fused ReLU are the same layer).
+_FUSED = "activation"
+
+
+def describe_arg(a: Any) -> Any:
+    """A JSON-able description of one argument of a node: tensors by shape."""
+    if isinstance(a, torch.Tensor):
+        return {"tensor": list(a.shape)}
+    if isinstance(a, (list, tuple)):
+        return [describe_arg(x) for x in a]
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    return repr(a)
+
+
+def node_signature(
+    method: str,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    values: Sequence[int],
+    algo_pos: int,
+    input_shapes: Sequence[Sequence[int]],
+    dtype: str,
+) -> dict[str, Any]:
+    """The signature of a recipe node ``(method, [name, *args], kwargs)``.
+
+    ``values`` are the positions in ``args`` that hold graph values (their
+    shapes, in that order, are ``input_shapes``); ``algo_pos`` is where the
+    algorithm goes. The node's name is not part of it: two layers alike in
+    everything else share their timings.
+    """
+    params = []
+    for i, a in enumerate(args):
+        if i == 0 or i == algo_pos:
+            continue
+        params.append("value" if i in values else describe_arg(a))
+    return {
+        "op": method,
+        "params": params,
+        "kwargs": {k: describe_arg(v) for k, v in sorted(kwargs.items())},
+        "input_shapes": [list(s) for s in input_shapes],
+        "dtype": dtype,
+    }
+
+
+def layer_key(signature: dict[str, Any]) -> dict[str, Any]:
+    """The part of a signature a plan matches a layer on (no fused activation)."""
+    kwargs = {k: v for k, v in signature["kwargs"].items() if k != _FUSED}
+    return {**signature, "kwargs": kwargs}
+
+
+@functools.cache
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """What this machine's timings depend on besides the layer."""
+    from .. import __version__
+
+    return {
+        "cpu": _cpu_model(),
+        "arch": platform.machine(),
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "system": platform.system(),
+        "threads": threads.get_num_threads(),
+        "ai3": __version__,
+    }
+
+
+def digest(obj: Any) -> str:
+    """A stable hex digest of a JSON-able object."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,343 @@
+"""The 'auto' selector, its disk cache, and plans (ai3.explore).
+
+Timings are made deterministic where a test depends on them with the test
+hook ``ai3.explore.auto._DELAYS`` (seconds slept inside every timed call of
+an algorithm): a delayed algorithm is slower than any undelayed one on these
+small layers. Outputs are compared with PyTorch computed here.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import pickle
+import warnings
+
+import ai3
+import pytest
+import torch
+from ai3.explore import STATS, auto, cache
+from conftest import assert_close
+from torch import nn
+
+SHAPE = (1, 16, 12, 12)
+#: Enough to dwarf any of these layers' real times.
+SLOW = 0.02
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, stride=2),
+        nn.Flatten(),
+        nn.Linear(32 * 5 * 5, 10),
+    ).eval()
+
+
+def conv() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(16, 16, 3, padding=1)).eval()
+
+
+def decided(model: ai3.Model) -> dict[str, str]:
+    return {d.name: d.algorithm for d in model.plan().layers}
+
+
+def usable(measurements: dict) -> list[str]:
+    return [n for n, m in measurements.items() if m["unusable"] is None]
+
+
+@pytest.fixture
+def delays(monkeypatch):
+    """The test hook, emptied after the test."""
+    d: dict[str, float] = {}
+    monkeypatch.setattr(auto, "_DELAYS", d)
+    return d
+
+
+def only_fast(delays: dict, fast: str, among: list[str]) -> None:
+    delays.update({a: SLOW for a in among if a != fast})
+
+
+# ---- choosing ----------------------------------------------------------------------------------
+
+
+def test_auto_converts_and_matches_pytorch():
+    m = net()
+    x = torch.randn(SHAPE)
+    model = ai3.convert(m, {"conv2d": "auto", "linear": "auto"}, SHAPE)
+    assert_close(model(x), m(x))
+    plan = model.plan()
+    assert [layer.name for layer in plan.layers] == ["0", "2"]  # linear has only gemm here
+    for layer in plan.layers:
+        assert layer.algorithm in usable(layer.measurements)
+        assert layer.measurements[layer.algorithm]["seconds"] is not None
+    # The summary shows what runs: the decisions, not 'default'.
+    rows = {r["name"]: r["algorithm"] for r in model.summary()}
+    assert {k: rows[k] for k in ("0", "2")} == decided(model)
+
+
+@pytest.mark.parametrize("victim_rank", [0, 1])
+def test_an_artificially_slow_algorithm_is_not_picked(delays, victim_rank):
+    m = conv()
+    free = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE).plan().layers[0]
+    names = usable(free.measurements)
+    # Make one algorithm the only fast one, then slow it down in turn.
+    fast = sorted(names)[victim_rank]
+    only_fast(delays, fast, names)
+    picked = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE).plan().layers[0]
+    assert picked.algorithm == fast
+    delays[fast] = SLOW * 5
+    again = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE)
+    assert decided(again)["0"] != fast
+    x = torch.randn(SHAPE)
+    assert_close(again(x), m(x))
+
+
+def test_an_algorithm_beyond_the_tolerance_is_never_picked(delays):
+    m = conv()
+    first = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE).plan().layers[0]
+    errors = {n: first.measurements[n]["error"] for n in usable(first.measurements)}
+    worst = max(errors, key=errors.get)
+    best = min(errors.values())
+    assert errors[worst] > best, f"every algorithm has the same error: {errors}"
+    tolerance = (errors[worst] + best) / 2
+    only_fast(delays, worst, list(errors))  # the least accurate is by far the fastest
+    layer = (
+        ai3.convert(m, {"conv2d": ai3.Auto(tolerance=tolerance, cache=False)}, SHAPE)
+        .plan()
+        .layers[0]
+    )
+    assert layer.algorithm != worst
+    assert layer.measurements[layer.algorithm]["error"] <= tolerance
+    assert layer.measurements[worst]["error"] > tolerance
+    # Without the tolerance it would have won.
+    loose = ai3.convert(m, {"conv2d": ai3.Auto(tolerance=1.0, cache=False)}, SHAPE)
+    assert decided(loose)["0"] == worst
+
+
+def test_the_workspace_limit_excludes_algorithms_above_it(delays):
+    m = conv()
+    free = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE).plan().layers[0]
+    ws = {n: free.measurements[n]["workspace_bytes"] for n in usable(free.measurements)}
+    biggest = max(ws, key=ws.get)
+    limit = max(v for v in ws.values() if v < ws[biggest])
+    only_fast(delays, biggest, list(ws))
+    layer = (
+        ai3.convert(m, {"conv2d": ai3.Auto(max_workspace=limit, cache=False)}, SHAPE)
+        .plan()
+        .layers[0]
+    )
+    assert layer.algorithm != biggest
+    assert layer.measurements[layer.algorithm]["workspace_bytes"] <= limit
+    # A limit nothing fits is an error saying why each algorithm was excluded.
+    with pytest.raises(ai3.AlgorithmError, match=r"conv2d at node '0'.*max_workspace 1\b"):
+        ai3.convert(m, {"conv2d": ai3.Auto(max_workspace=1, cache=False)}, SHAPE)
+
+
+def test_memory_plan_and_summary_count_kernel_scratch():
+    m = conv()
+    for algo in ("gemm", "direct", "winograd"):
+        model = ai3.convert(m, {"conv2d": algo}, SHAPE)
+        row = model.summary()[0]
+        # im2col of 16 channels x 3x3 taps over 12x12 outputs; direct's padded copy.
+        expected = {"gemm": 16 * 9 * 144 * 4, "direct": (16 * 14 * 14 + 64) * 4}
+        if algo in expected:
+            assert row["workspace_bytes"] == expected[algo]
+        assert row["workspace_bytes"] > 0
+        assert model.memory_plan()["workspace_bytes"] == row["workspace_bytes"]
+
+
+def test_algorithms_restricts_the_choice_and_names_are_checked():
+    m = conv()
+    model = ai3.convert(m, {"conv2d": ai3.Auto(algorithms=("smm",), cache=False)}, SHAPE)
+    assert decided(model)["0"] == "smm"
+    with pytest.raises(ai3.AlgorithmError, match="unknown algorithm 'nope'"):
+        ai3.convert(m, {"conv2d": ai3.Auto(algorithms=("nope",))}, SHAPE)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"tolerance": 0}, "tolerance must be positive"),
+        ({"max_workspace": -1}, "max_workspace must be a non-negative"),
+        ({"repeat": 0}, "repeat must be at least 1"),
+        ({"algorithms": "gemm"}, "sequence of names"),
+    ],
+)
+def test_bad_auto_settings_are_clear_errors(kwargs, match):
+    with pytest.raises(ai3.InvalidArgumentError, match=match):
+        ai3.Auto(**kwargs)
+
+
+def test_auto_in_lists_and_functions_and_swap():
+    m = net()
+    x = torch.randn(SHAPE)
+    listed = ai3.convert(m, {"conv2d": ["auto", "gemm"]}, SHAPE)
+    assert listed.summary()[1]["algorithm"] == "gemm"
+    first, second = listed.plan().layers
+    assert first.measurements is not None  # measured
+    assert (second.algorithm, second.measurements) == ("gemm", None)  # named
+    by_fn = ai3.convert(
+        m, {"conv2d": lambda mod, shape: "auto" if shape[1] == 16 else "smm"}, SHAPE
+    )
+    assert by_fn.summary()[1]["algorithm"] == "smm"
+    assert_close(by_fn(x), m(x))
+    swapped = ai3.swap_conv2d(net(), ai3.Auto(), SHAPE)
+    assert all(
+        isinstance(a, str) and a != "auto" for a in (swapped[0].algorithm, swapped[2].algorithm)
+    )
+    assert_close(swapped(x), m(x))
+
+
+def test_without_a_sample_shape_auto_decides_at_the_first_call():
+    m = net()
+    x = torch.randn(2, 16, 12, 12)
+    model = ai3.convert(m, {"conv2d": "auto"})
+    assert "auto" in repr(model)
+    with pytest.raises(ai3.InvalidArgumentError, match="call the model once first"):
+        model.plan()
+    clone = pickle.loads(pickle.dumps(model))  # still pending, pickles as such
+    assert_close(model(x), m(x))
+    assert model.plan().input_shapes == [[2, 16, 12, 12]]
+    assert_close(clone(x), m(x))
+    assert decided(clone) == decided(model)  # the same measurements, from the cache
+    # The decision stays for other shapes.
+    before = decided(model)
+    y = torch.randn(1, 16, 12, 12)
+    assert_close(model(y), m(y))
+    assert decided(model) == before
+    swapped = ai3.swap_conv2d(net(), "auto")
+    assert "algorithm='auto'" in repr(swapped)
+    assert_close(swapped(x), m(x))
+    assert "auto" not in repr(swapped)
+
+
+# ---- the disk cache ----------------------------------------------------------------------------
+
+
+def test_the_second_convert_times_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("AI3_CACHE_DIR", str(tmp_path))
+    m = net()
+    first = ai3.convert(m, {"conv2d": "auto"}, SHAPE)
+    timed = STATS["layers_timed"]
+    hits = STATS["cache_hits"]
+    second = ai3.convert(m, {"conv2d": "auto"}, SHAPE)
+    assert STATS["layers_timed"] == timed
+    assert STATS["cache_hits"] == hits + 2
+    assert decided(second) == decided(first)
+    assert len(list(tmp_path.rglob("*.json"))) == 2
+    # Another thread count is another machine description: measured again.
+    with_threads = ai3.get_num_threads()
+    try:
+        ai3.set_num_threads(with_threads + 1)
+        ai3.convert(m, {"conv2d": "auto"}, SHAPE)
+        assert STATS["layers_timed"] == timed + 2
+    finally:
+        ai3.set_num_threads(with_threads)
+
+
+def test_a_corrupt_cache_file_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("AI3_CACHE_DIR", str(tmp_path))
+    m = conv()
+    ai3.convert(m, {"conv2d": "auto"}, SHAPE)
+    (path,) = tmp_path.rglob("*.json")
+    path.write_text('{"algorithms": {"gemm": ')
+    timed = STATS["layers_timed"]
+    with pytest.warns(UserWarning, match="corrupt cache file"):
+        model = ai3.convert(m, {"conv2d": "auto"}, SHAPE)
+    assert STATS["layers_timed"] == timed + 1
+    assert json.loads(path.read_text())["algorithms"]  # rewritten whole
+    x = torch.randn(SHAPE)
+    assert_close(model(x), m(x))
+
+
+def _writer(args) -> None:
+    folder, n, seed = args
+    import os
+
+    os.environ["AI3_CACHE_DIR"] = folder
+    from ai3.explore import cache as c
+
+    for i in range(n):
+        c.store("ab" * 32, {"algorithms": {"gemm": {"seconds": seed + i}}, "pad": "x" * 20000})
+        c.load("ab" * 32)
+
+
+def test_concurrent_writers_leave_a_valid_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AI3_CACHE_DIR", str(tmp_path))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pool.map(_writer, [(str(tmp_path), 50, 1000 * k) for k in range(4)])
+    entry = cache.load("ab" * 32)
+    assert entry is not None and entry["pad"] == "x" * 20000
+    assert list(tmp_path.rglob(".tmp-*")) == []  # no temporary file left behind
+
+
+# ---- plans -------------------------------------------------------------------------------------
+
+
+def test_a_saved_plan_reloads_with_identical_choices_and_outputs(tmp_path):
+    m = net()
+    x = torch.randn(SHAPE)
+    model = ai3.convert(m, {"conv2d": "auto"}, SHAPE)
+    path = tmp_path / "net.plan.json"
+    model.plan().save(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "ai3-plan" and data["version"] == 1
+    assert [layer["name"] for layer in data["layers"]] == ["0", "2"]
+    timed = STATS["layers_timed"], STATS["cache_hits"]
+    again = ai3.convert(m, plan=path)
+    assert (STATS["layers_timed"], STATS["cache_hits"]) == timed  # nothing timed or looked up
+    assert decided(again) == decided(model)
+    assert [r["algorithm"] for r in again.summary()] == [r["algorithm"] for r in model.summary()]
+    assert torch.equal(again(x), model(x))
+    assert_close(again(x), m(x))
+    loaded = ai3.Plan.load(path)
+    assert loaded.algorithms() == model.plan().algorithms()
+    # The same plan swapped in place.
+    swapped = ai3.swap_conv2d(net(), plan=loaded)
+    assert [swapped[0].algorithm, swapped[2].algorithm] == list(loaded.algorithms().values())
+    assert_close(swapped(x), m(x))
+
+
+def test_a_plan_that_does_not_fit_is_a_clear_error(tmp_path):
+    plan = ai3.convert(net(), {"conv2d": "auto"}, SHAPE).plan()
+    wider = nn.Sequential(nn.Conv2d(16, 48, 3, padding=1), nn.ReLU(), nn.Conv2d(48, 32, 3, stride=2),
+                          nn.Flatten(), nn.Linear(32 * 5 * 5, 10)).eval()  # fmt: skip
+    with pytest.raises(ai3.PlanError, match=r"at layer 1 \('0'\): params .*\[48, 16, 3, 3\]"):
+        ai3.convert(wider, plan=plan)
+    one = ai3.convert(conv(), {"conv2d": "auto"}, SHAPE).plan()
+    with pytest.raises(
+        ai3.PlanError,
+        match=r"at layer 1 \('0'\): input_shapes \[\[1, 16, 12, 12\]\] in the plan, \[\[1, 16, 14, 14\]\]",
+    ):
+        ai3.convert(conv(), sample_input_shape=(1, 16, 14, 14), plan=one)
+    shorter = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1)).eval()
+    with pytest.raises(ai3.PlanError, match="the model has 1 .*first missing is '2'"):
+        ai3.convert(shorter, plan=plan)
+    with pytest.raises(ai3.PlanError, match="lists 2 conv2d layer"):
+        ai3.swap_conv2d(shorter, plan=plan)
+    with pytest.raises(ai3.SelectorError, match="do not also give selectors"):
+        ai3.convert(net(), {"conv2d": "gemm"}, plan=plan)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ai3.PlanError, match="cannot read the plan"):
+        ai3.convert(net(), plan=bad)
+    bad.write_text(json.dumps({"format": "ai3-plan", "version": 99}))
+    with pytest.raises(ai3.PlanError, match="version 99"):
+        ai3.convert(net(), plan=bad)
+    with pytest.raises(ai3.PlanError, match="not an ai3 plan"):
+        ai3.Plan.from_dict([1, 2])
+
+
+def test_a_plan_from_another_machine_applies_with_a_warning():
+    m = net()
+    plan = ai3.convert(m, {"conv2d": "auto"}, SHAPE).plan()
+    plan.machine = {**plan.machine, "cpu": "another CPU"}
+    with pytest.warns(UserWarning, match="another machine.*cpu: 'another CPU' there"):
+        model = ai3.convert(m, plan=plan)
+    assert decided(model) == plan.algorithms()
