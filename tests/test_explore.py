@@ -1,9 +1,11 @@
-"""The 'auto' selector, its disk cache, and plans (ai3.explore).
+"""The 'auto' selector, its disk cache, and plans (ai3.autotune).
 
 Timings are made deterministic where a test depends on them with the test
-hook ``ai3.explore.auto._DELAYS`` (seconds slept inside every timed call of
+hook ``ai3.autotune.auto._DELAYS`` (seconds slept inside every timed call of
 an algorithm): a delayed algorithm is slower than any undelayed one on these
-small layers. Outputs are compared with PyTorch computed here.
+small layers. Such tests turn off the network check (the hook does not slow
+the network down, so the check would rightly undo the choice), except the
+one that tests the check. Outputs are compared with PyTorch computed here.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import json
 import multiprocessing
 import pickle
+import subprocess
+import sys
 import warnings
 
 import ai3
 import pytest
 import torch
-from ai3.explore import STATS, auto, cache
+from ai3.autotune import STATS, auto, cache
 from conftest import assert_close
 from torch import nn
 
@@ -82,15 +86,23 @@ def test_auto_converts_and_matches_pytorch():
 @pytest.mark.parametrize("victim_rank", [0, 1])
 def test_an_artificially_slow_algorithm_is_not_picked(delays, victim_rank):
     m = conv()
-    free = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE).plan().layers[0]
+    free = (
+        ai3.convert(m, {"conv2d": ai3.Auto(cache=False, check_network=False)}, SHAPE)
+        .plan()
+        .layers[0]
+    )
     names = usable(free.measurements)
     # Make one algorithm the only fast one, then slow it down in turn.
     fast = sorted(names)[victim_rank]
     only_fast(delays, fast, names)
-    picked = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE).plan().layers[0]
+    picked = (
+        ai3.convert(m, {"conv2d": ai3.Auto(cache=False, check_network=False)}, SHAPE)
+        .plan()
+        .layers[0]
+    )
     assert picked.algorithm == fast
     delays[fast] = SLOW * 5
-    again = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE)
+    again = ai3.convert(m, {"conv2d": ai3.Auto(cache=False, check_network=False)}, SHAPE)
     assert decided(again)["0"] != fast
     x = torch.randn(SHAPE)
     assert_close(again(x), m(x))
@@ -98,7 +110,11 @@ def test_an_artificially_slow_algorithm_is_not_picked(delays, victim_rank):
 
 def test_an_algorithm_beyond_the_tolerance_is_never_picked(delays):
     m = conv()
-    first = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE).plan().layers[0]
+    first = (
+        ai3.convert(m, {"conv2d": ai3.Auto(cache=False, check_network=False)}, SHAPE)
+        .plan()
+        .layers[0]
+    )
     errors = {n: first.measurements[n]["error"] for n in usable(first.measurements)}
     worst = max(errors, key=errors.get)
     best = min(errors.values())
@@ -106,7 +122,9 @@ def test_an_algorithm_beyond_the_tolerance_is_never_picked(delays):
     tolerance = (errors[worst] + best) / 2
     only_fast(delays, worst, list(errors))  # the least accurate is by far the fastest
     layer = (
-        ai3.convert(m, {"conv2d": ai3.Auto(tolerance=tolerance, cache=False)}, SHAPE)
+        ai3.convert(
+            m, {"conv2d": ai3.Auto(tolerance=tolerance, cache=False, check_network=False)}, SHAPE
+        )
         .plan()
         .layers[0]
     )
@@ -114,19 +132,27 @@ def test_an_algorithm_beyond_the_tolerance_is_never_picked(delays):
     assert layer.measurements[layer.algorithm]["error"] <= tolerance
     assert layer.measurements[worst]["error"] > tolerance
     # Without the tolerance it would have won.
-    loose = ai3.convert(m, {"conv2d": ai3.Auto(tolerance=1.0, cache=False)}, SHAPE)
+    loose = ai3.convert(
+        m, {"conv2d": ai3.Auto(tolerance=1.0, cache=False, check_network=False)}, SHAPE
+    )
     assert decided(loose)["0"] == worst
 
 
 def test_the_workspace_limit_excludes_algorithms_above_it(delays):
     m = conv()
-    free = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, SHAPE).plan().layers[0]
+    free = (
+        ai3.convert(m, {"conv2d": ai3.Auto(cache=False, check_network=False)}, SHAPE)
+        .plan()
+        .layers[0]
+    )
     ws = {n: free.measurements[n]["workspace_bytes"] for n in usable(free.measurements)}
     biggest = max(ws, key=ws.get)
     limit = max(v for v in ws.values() if v < ws[biggest])
     only_fast(delays, biggest, list(ws))
     layer = (
-        ai3.convert(m, {"conv2d": ai3.Auto(max_workspace=limit, cache=False)}, SHAPE)
+        ai3.convert(
+            m, {"conv2d": ai3.Auto(max_workspace=limit, cache=False, check_network=False)}, SHAPE
+        )
         .plan()
         .layers[0]
     )
@@ -197,6 +223,8 @@ def test_without_a_sample_shape_auto_decides_at_the_first_call():
     x = torch.randn(2, 16, 12, 12)
     model = ai3.convert(m, {"conv2d": "auto"})
     assert "auto" in repr(model)
+    before = model.summary((2, 16, 12, 12))
+    assert [r["algorithm"] for r in before][:3] == ["auto", "auto", "direct"]
     with pytest.raises(ai3.InvalidArgumentError, match="call the model once first"):
         model.plan()
     clone = pickle.loads(pickle.dumps(model))  # still pending, pickles as such
@@ -259,7 +287,7 @@ def _writer(args) -> None:
     import os
 
     os.environ["AI3_CACHE_DIR"] = folder
-    from ai3.explore import cache as c
+    from ai3.autotune import cache as c
 
     for i in range(n):
         c.store("ab" * 32, {"algorithms": {"gemm": {"seconds": seed + i}}, "pad": "x" * 20000})
@@ -341,3 +369,128 @@ def test_a_plan_from_another_machine_applies_with_a_warning():
     with pytest.warns(UserWarning, match="another machine.*cpu: 'another CPU' there"):
         model = ai3.convert(m, plan=plan)
     assert decided(model) == plan.algorithms()
+
+
+# ---- explore, its report and the command line --------------------------------------------------
+
+
+def _check_outputs(files: dict, layers: list[str]) -> None:
+    """A non-empty CSV with a row per (layer, algorithm), a valid plan, a PNG that opens."""
+    import csv
+
+    import matplotlib.image
+
+    with open(files["csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["layer"] for r in rows} >= set(layers)
+    assert all(r["algorithm"] for r in rows)
+    plan = ai3.Plan.load(files["plan"])
+    assert [layer.name for layer in plan.layers] == layers
+    image = matplotlib.image.imread(files["png"])
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_explore_reports_every_algorithm_next_to_pytorch(tmp_path):
+    m = net()
+    report = ai3.explore(m, SHAPE, progress=False, repeat=3)
+    assert [layer.name for layer in report.layers] == ["0", "2", "4"]  # linear timed too
+    for layer in report.layers:
+        assert layer.torch_ms is not None and layer.torch_ms > 0
+        by = {a.algorithm: a for a in layer.algorithms}
+        chosen = by[layer.chosen]
+        timed = [a for a in layer.algorithms if a.ms is not None]
+        assert chosen.ms == min(a.ms for a in timed)
+        for a in timed:
+            assert a.gflops > 0 and a.error is not None and a.workspace_bytes >= 0
+        for a in layer.algorithms:
+            assert (a.unusable is None) or (a.ms is None)
+    strided = {a.algorithm: a for a in report.layers[1].algorithms}
+    assert "stride" in strided["winograd"].unusable
+    assert set(report.end_to_end_ms) == {"ai3 (best plan)", "ai3 ('default')", "PyTorch eager"}
+    text = str(report)
+    assert "chosen" in text and "PyTorch eager" in text and "winograd" in text
+    assert report.plan.algorithms() == {la.name: la.chosen for la in report.layers}
+    files = report.save(tmp_path)
+    _check_outputs(files, ["0", "2", "4"])
+    data = json.loads(files["json"].read_text())
+    assert data["layers"][0]["name"] == "0" and data["plan"]["format"] == "ai3-plan"
+    # The plan deploys: same algorithms, PyTorch's outputs.
+    x = torch.randn(SHAPE)
+    model = ai3.convert(m, plan=files["plan"])
+    assert [r["algorithm"] for r in model.summary() if r["name"] in ("0", "2", "4")] == [
+        la.chosen for la in report.layers
+    ]
+    assert_close(model(x), m(x))
+
+
+def test_without_matplotlib_everything_but_the_png_works(tmp_path, monkeypatch):
+    report = ai3.explore(conv(), SHAPE, progress=False, repeat=1, compare=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"aithree\[plots\]"):
+        report.plot(tmp_path / "x.png")
+    files = report.save(tmp_path)
+    assert "png" not in files and files["csv"].stat().st_size > 0
+
+
+def _cli(args: list[str], tmp_path) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "AI3_CACHE_DIR": str(tmp_path / "cache")}
+    return subprocess.run([sys.executable, "-m", "ai3", *args], env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+
+
+def test_cli_explore_writes_csv_plan_and_png(tmp_path):
+    out = tmp_path / "out"
+    done = _cli(["explore", "--out", str(out), "--plan", str(tmp_path / "p.json")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "per-layer median latency" in done.stdout and "PyTorch eager" in done.stdout
+    assert "exploring:" in done.stderr  # the progress bar
+    names = [f"features.{i}" for i in (0, 2, 5, 7, 9, 11)] + ["fc"]
+    _check_outputs({"csv": out / "report.csv", "plan": out / "plan.json",
+                    "png": out / "report.png"}, names)  # fmt: skip
+    assert (
+        ai3.Plan.load(tmp_path / "p.json").algorithms()
+        == ai3.Plan.load(out / "plan.json").algorithms()
+    )
+
+
+def test_cli_explore_takes_a_callable_and_names_bad_models(tmp_path):
+    done = _cli(["explore", "ai3.__main__:ExploreNet", "--size", "16", "16", "--ops", "conv2d",
+                 "--algorithms", "gemm,direct", "--no-progress", "--out", str(tmp_path / "o")],
+                tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plan = ai3.Plan.load(tmp_path / "o" / "plan.json")
+    assert {layer.op for layer in plan.layers} == {"conv2d"}
+    assert set(plan.algorithms().values()) <= {"gemm", "direct"}
+    bad = _cli(["explore", "not_a_model"], tmp_path)
+    assert bad.returncode != 0 and "unknown model 'not_a_model'" in bad.stderr
+    bad = _cli(["explore", "no.such.module:thing"], tmp_path)
+    assert bad.returncode != 0 and "cannot load 'no.such.module:thing'" in bad.stderr
+
+
+def test_cli_help_lists_every_command():
+    done = subprocess.run([sys.executable, "-m", "ai3", "--help"], capture_output=True, text=True)
+    for command in ("explore", "demo", "algorithms", "test"):
+        assert f"    {command}" in done.stdout, done.stdout
+
+
+def test_choices_slower_in_the_network_go_back_to_default(delays):
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1)
+    ).eval()
+    shape = (1, 64, 32, 32)
+    default = ai3.convert(m, None, shape).summary()
+    assert all(r["algorithm"] != "smm" for r in default)
+    # SMM (scalar loops) made to win every layer alone; in the network it is slower.
+    only_fast(delays, "smm", ["winograd", "gemm", "direct", "fft"])
+    model = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, shape)
+    check = model._recipe["network_check"]
+    assert check["layers"] == 2 and not check["kept"], check
+    assert check["auto_ms"] > check["default_ms"]
+    assert [r["algorithm"] for r in model.summary()] == [r["algorithm"] for r in default]
+    unchecked = ai3.convert(m, {"conv2d": ai3.Auto(cache=False, check_network=False)}, shape)
+    assert [r["algorithm"] for r in unchecked.summary()] == ["smm", "smm"]
+    x = torch.randn(shape)
+    assert_close(model(x), m(x))

@@ -8,7 +8,10 @@ Two ways in:
   modules in place, so the network still trains and compiles.
 
 Both take algorithmic selectors: a name, a list in forward order, or a
-function of the module (and its input shape).
+function of the module (and its input shape). ``'auto'`` measures each
+layer's algorithms and keeps the fastest; :func:`explore` reports every
+algorithm of every layer next to PyTorch and gives a :class:`Plan` to save
+and apply.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -24,6 +27,7 @@ from .algorithms import (
     using_mps_and_metal,
     using_sycl,
 )
+from .autotune import Auto, Plan, Report, explore
 from .convert import convert, swap_backend
 from .errors import (
     AlgorithmError,
@@ -39,7 +43,6 @@ from .errors import (
     ShapeError,
     UnsupportedOperationError,
 )
-from .explore import Auto, Plan
 from .model import Model, Summary
 from .selectors import AlgorithmicSelector
 from .swap import (
@@ -76,6 +79,7 @@ __all__ = [
     "OutOfMemoryError",
     "Plan",
     "PlanError",
+    "Report",
     "SUPPORTED_ALGORITHMS",
     "SelectorError",
     "ShapeError",
@@ -87,6 +91,7 @@ __all__ = [
     "get_num_threads",
     "set_num_threads",
     "convert",
+    "explore",
     "swap_adaptiveavgpool2d",
     "swap_avgpool2d",
     "swap_backend",

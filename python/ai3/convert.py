@@ -20,10 +20,10 @@ from torch import nn
 from . import _fusion, swap
 from ._lowering import ALGO, ALL_INPUTS, MODULES, In, Lowerer, Step
 from ._shapes import input_shapes_of_nodes, trace
+from .autotune.auto import Auto
+from .autotune.plan import FromPlan, Plan, as_plan, check_complete, warn_if_foreign
+from .autotune.resolve import settle_trivial
 from .errors import DtypeError, SelectorError, UnsupportedOperationError
-from .explore.auto import Auto
-from .explore.plan import FromPlan, Plan, as_plan, check_complete, warn_if_foreign
-from .explore.resolve import settle_trivial
 from .model import Model
 from .selectors import AlgorithmicSelector, Selection, normalize_algos, op_name
 
@@ -104,7 +104,7 @@ class _Recipe:
         self.ids: dict[torch.fx.Node, int] = {}
         self.next_id = 0
         #: Nodes whose algorithm is decided once input shapes are known
-        #: (see :mod:`ai3.explore.resolve`).
+        #: (see :mod:`ai3.autotune.resolve`).
         self.pending: list[int] = []
         #: Per node index (but those reading a list of inputs): where its
         #: algorithm goes and which arguments are graph values.

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from . import _core, threads
+from .autotune.plan import Plan
+from .autotune.resolve import plan_layers, resolve, rows_by_node
 from .errors import DeviceError, Error, InvalidArgumentError
-from .explore.plan import Plan
-from .explore.resolve import plan_layers, resolve
 from .tensor import Tensor, _check_out_type
 
 __all__ = ["Model", "Summary"]
@@ -251,8 +251,15 @@ class Model:
         """The nodes of the graph for this input shape, as a :class:`Summary`
         (prints as a table; ``.rows`` holds one dict per node). Defaults to the
         sample input shape given to ``convert``, or else the input shapes of the
-        latest call; give a list of shapes for a model with several inputs."""
-        return Summary(self._core.summary(self._shapes("summary", input_shape)))
+        latest call; give a list of shapes for a model with several inputs.
+        Layers whose ``'auto'`` choice waits for the first call show ``'auto'``."""
+        rows = self._core.summary(self._shapes("summary", input_shape))
+        pending = self._recipe.get("pending")
+        if pending:
+            by_node = rows_by_node(self._recipe, rows)
+            for i in pending:
+                by_node[i]["algorithm"] = "auto"
+        return Summary(rows)
 
     def profile(self, *inputs: Any, repeat: int = 10) -> Summary:
         """Times every node on these inputs: the :meth:`summary` rows, each with

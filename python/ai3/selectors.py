@@ -20,9 +20,9 @@ from torch import nn
 
 from . import _core
 from .algorithms import DEFAULT_ALGOS, OPERATIONS
+from .autotune.auto import Auto, as_auto
+from .autotune.plan import FromPlan
 from .errors import SelectorError
-from .explore.auto import Auto, as_auto
-from .explore.plan import FromPlan
 
 #: Anything that selects algorithms for one operation.
 AlgorithmicSelector = str | Auto | Sequence[str | Auto] | Callable[..., str | Auto]

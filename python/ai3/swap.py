@@ -35,9 +35,9 @@ from torch import nn
 from . import _core, _custom_ops
 from . import _layers as L
 from ._shapes import forward_order, input_shapes_of_modules
+from .autotune.auto import Auto
+from .autotune.plan import FromPlan, Plan, as_plan, warn_if_foreign
 from .errors import DtypeError, PlanError, SelectorError, ShapeError
-from .explore.auto import Auto
-from .explore.plan import FromPlan, Plan, as_plan, warn_if_foreign
 from .selectors import AlgorithmicSelector, Selection, op_name
 
 __all__ = [

@@ -13,7 +13,14 @@ How one layer is decided (:func:`measure` and :func:`choose`):
 3. The ones within the tolerance are timed in rounds, one call of each per
    round, so drift on a busy machine touches all alike; after three rounds an
    algorithm at over 1.5x the best time stops being timed. The median counts.
-4. The fastest within the tolerance and ``max_workspace`` wins.
+   One whose warm-up took over 4x the fastest warm-up is not raced at all (on
+   a large layer a slow algorithm's call can take seconds): its warm-up time
+   stands.
+4. The fastest within the tolerance and ``max_workspace`` wins, except that
+   ``'default'``'s choice stays unless the fastest is at least 5% faster.
+5. When the choices differ from ``'default'``'s, the converted network runs
+   both ways, call by call, and ``'default'``'s come back unless the chosen
+   ones are faster in place too (:func:`.resolve._check_network`).
 
 Measurements are cached on disk per layer signature and machine (see
 :mod:`.cache`), so a second ``convert(..., 'auto')`` times nothing.
@@ -21,6 +28,7 @@ Measurements are cached on disk per layer signature and machine (see
 
 from __future__ import annotations
 
+import contextvars
 import statistics
 import time
 from collections import Counter
@@ -46,9 +54,18 @@ _DELAYS: dict[str, float] = {}
 #: the disk cache alone).
 STATS: Counter = Counter()
 
+#: Told of the work as it goes (set by :func:`ai3.explore` for its progress bar):
+#: ``add(n)`` when a layer's ``n`` algorithms are known, ``step(text)`` after each.
+PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("ai3_explore_progress", default=None)
+
 #: Rounds before a slow algorithm may drop out, and how much slower it must be.
 _MIN_ROUNDS = 3
 _DROP_FACTOR = 1.5
+#: Another algorithm replaces ``'default'``'s choice only when it takes at most
+#: this fraction of its time.
+SWITCH_MARGIN = 0.95
+#: An algorithm whose warm-up took this many times the fastest warm-up is not raced.
+_WARM_DROP_FACTOR = 4.0
 #: A layer is timed for at most about this long once it has had its minimum rounds.
 _LAYER_BUDGET_S = 2.0
 
@@ -64,7 +81,14 @@ class Auto:
       (default: no limit);
     - ``algorithms``: the algorithm names to choose among (default: all);
     - ``repeat``: the most timed calls per algorithm (the median counts);
-    - ``cache``: read and write the disk cache of measurements.
+    - ``cache``: read and write the disk cache of measurements;
+    - ``measure_all``: time a layer even when a single algorithm can run it
+      (:func:`ai3.explore` does, for its report); otherwise such a layer just
+      gets that algorithm;
+    - ``check_network``: when the choices differ from ``'default'``'s, time the
+      whole network both ways, call by call, and keep ``'default'``'s unless
+      the choices are faster there too (``convert`` only; a swapped layer is
+      decided alone).
 
     Example::
 
@@ -76,6 +100,8 @@ class Auto:
     algorithms: tuple[str, ...] | None = None
     repeat: int = 7
     cache: bool = True
+    measure_all: bool = False
+    check_network: bool = True
 
     def __post_init__(self) -> None:
         if self.tolerance is not None and not self.tolerance > 0:
@@ -168,6 +194,11 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).abs().max()) / scale
 
 
+def admissible(m: dict[str, Any] | None, auto: Auto, dtype: str) -> bool:
+    """Whether a measured algorithm may be chosen under ``auto``'s settings."""
+    return m is not None and _within(m, auto, dtype) and m["seconds"] is not None
+
+
 def _within(m: dict[str, Any], auto: Auto, dtype: str) -> bool:
     return (
         m.get("unusable") is None
@@ -180,8 +211,10 @@ def _within(m: dict[str, Any], auto: Auto, dtype: str) -> bool:
 
 def measure(node: Node, signature: dict[str, Any], auto: Auto) -> dict[str, dict[str, Any]]:
     """Per algorithm: ``algorithm``, ``unusable`` (why it cannot run, or None),
-    ``workspace_bytes``, ``error`` (relative to the float64 reference) and
-    ``seconds`` (median time; None where not timed). Reads and extends the cache."""
+    ``workspace_bytes``, ``error`` (relative to the float64 reference),
+    ``seconds`` (median time; None where not timed) and ``calls`` (timed calls
+    behind it; 1 is the warm-up alone, for an algorithm far slower than the
+    fastest). Reads and extends the cache."""
     threads.sync()
     key = digest({"signature": signature, "machine": machine()})
     entry = cache.load(key) if auto.cache else None
@@ -195,6 +228,7 @@ def measure(node: Node, signature: dict[str, Any], auto: Auto) -> dict[str, dict
                 "workspace_bytes": c["workspace_bytes"],
                 "error": None,
                 "seconds": None,
+                "calls": 0,
             }
     dtype = node.dtype
     wanted = [
@@ -206,61 +240,95 @@ def measure(node: Node, signature: dict[str, Any], auto: Auto) -> dict[str, dict
         and m["seconds"] is None
         and (m["error"] is None or m["error"] <= auto.tolerance_for(dtype))
     ]
+    progress = PROGRESS.get()
+    if progress is not None:
+        progress.add(len(wanted))
     if not wanted:
         STATS["cache_hits"] += 1
         return known
     STATS["layers_timed"] += 1
-    _time(node, wanted, auto)
+    _time(node, wanted, auto, progress)
     if auto.cache:
         cache.store(key, {"signature": signature, "machine": machine(), "algorithms": known})
     return known
 
 
-def _time(node: Node, wanted: list[dict[str, Any]], auto: Auto) -> None:
-    """Fills in ``error`` and ``seconds`` of the ``wanted`` measurements."""
+def _call(core: _core.Model, inputs: list[torch.Tensor], name: str) -> tuple[Any, float]:
+    """One timed call (with the test hook's delay); returns the outputs and seconds."""
+    delay = _DELAYS.get(name, 0.0)
+    t = time.perf_counter()
+    out = core.run(inputs)
+    if delay:
+        time.sleep(delay)
+    return out, time.perf_counter() - t
+
+
+def _time(node: Node, wanted: list[dict[str, Any]], auto: Auto, progress: Any = None) -> None:
+    """Fills in ``error``, ``seconds`` and ``calls`` (timed calls behind
+    ``seconds``) of the ``wanted`` measurements."""
     inputs = node.inputs()
     ref_algo = next(
         (a for a in ("direct", "gemm") if any(m["algorithm"] == a for m in wanted)), "default"
     )
     reference = _run(node.build(ref_algo, "float64"), node.inputs("float64"))
     cores: dict[str, _core.Model] = {}
+    warm: dict[str, float] = {}
     for m in wanted:
-        m["seconds"] = None
+        m["seconds"], m["calls"] = None, 0
+        name = m["algorithm"]
         try:
-            core = node.build(m["algorithm"])
-            m["error"] = _error(_run(core, inputs), reference)  # also the warm-up
+            core = node.build(name)
+            out, warm[name] = _call(core, inputs, name)  # packs the weights, so it counts apart
+            m["error"] = _error(torch.from_dlpack(out[0]), reference)
         except Exception as e:  # an algorithm that fails here is one the layer cannot use
             m["unusable"] = f"{type(e).__name__}: {e}"
             continue
         if m["error"] <= auto.tolerance_for(node.dtype):
-            cores[m["algorithm"]] = core
-    times: dict[str, list[float]] = {name: [] for name in cores}
-    racing = list(cores)
+            cores[name] = core
+    # Far slower already in the warm-up: not raced; the warm-up time stands (an upper bound).
+    best_warm = min((warm[n] for n in cores), default=0.0)
+    times: dict[str, list[float]] = {n: [] for n in cores}
+    racing = [n for n in cores if warm[n] <= _WARM_DROP_FACTOR * best_warm]
     start = time.perf_counter()
     for rnd in range(auto.repeat):
         for name in racing:
-            delay = _DELAYS.get(name, 0.0)
-            t = time.perf_counter()
-            cores[name].run(inputs)
-            if delay:
-                time.sleep(delay)
-            times[name].append(time.perf_counter() - t)
+            times[name].append(_call(cores[name], inputs, name)[1])
         if rnd + 1 >= _MIN_ROUNDS:
             best = min(min(times[n]) for n in racing)
             racing = [n for n in racing if min(times[n]) <= _DROP_FACTOR * best]
             if time.perf_counter() - start > _LAYER_BUDGET_S:
                 break
     for m in wanted:
-        if times.get(m["algorithm"]):
-            m["seconds"] = statistics.median(times[m["algorithm"]])
+        name = m["algorithm"]
+        if times.get(name):
+            m["seconds"], m["calls"] = statistics.median(times[name]), len(times[name])
+        elif name in cores:
+            m["seconds"], m["calls"] = warm[name], 1
+        if progress is not None:
+            progress.step(f"{node.method} {name}")
 
 
-def choose(measured: dict[str, dict[str, Any]], auto: Auto, dtype: str, what: str) -> str:
+def choose(
+    measured: dict[str, dict[str, Any]],
+    auto: Auto,
+    dtype: str,
+    what: str,
+    incumbent: str | None = None,
+) -> str:
     """The fastest algorithm within the tolerance and the workspace limit;
-    :class:`~ai3.AlgorithmError` listing why each was excluded when none is."""
+    :class:`~ai3.AlgorithmError` listing why each was excluded when none is.
+
+    ``incumbent`` (``'default'``'s choice for the layer) is kept unless the
+    fastest beats it by :data:`SWITCH_MARGIN`: a few percent measured on a
+    layer alone are within a shared machine's noise and need not hold inside
+    the network, so switching for them can only lose on average."""
     fit = [m for m in measured.values() if _within(m, auto, dtype) and m["seconds"] is not None]
     if fit:
-        return min(fit, key=lambda m: m["seconds"])["algorithm"]
+        best = min(fit, key=lambda m: m["seconds"])
+        kept = next((m for m in fit if m["algorithm"] == incumbent), None)
+        if kept is not None and best["seconds"] > SWITCH_MARGIN * kept["seconds"]:
+            return kept["algorithm"]
+        return best["algorithm"]
     reasons = []
     for m in measured.values():
         if m["unusable"] is not None:

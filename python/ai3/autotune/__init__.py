@@ -1,4 +1,5 @@
-"""Algorithm exploration: the ``'auto'`` selector, its disk cache, and plans.
+"""Algorithm exploration: the ``'auto'`` selector, its disk cache, plans, and
+:func:`explore` with its report.
 
 - :class:`Auto` (``'auto'``): time every algorithm that can run a layer on its
   real input shape and keep the fastest accurate one (:mod:`.auto`);
@@ -6,13 +7,17 @@
   (:mod:`.cache`, :mod:`.signature`);
 - a :class:`Plan` saves the choice of every layer and applies it later
   without timing (:mod:`.plan`); :mod:`.resolve` decides a converted model's
-  layers from either.
+  layers from either;
+- :func:`explore` (``ai3.explore``) times every algorithm of every layer next
+  to PyTorch and returns a :class:`Report` (:mod:`.explorer`, :mod:`.report`).
 """
 
 from __future__ import annotations
 
 from .auto import STATS, Auto
 from .cache import cache_dir
+from .explorer import explore
 from .plan import Plan, PlanLayer
+from .report import Report
 
-__all__ = ["Auto", "Plan", "PlanLayer", "STATS", "cache_dir"]
+__all__ = ["Auto", "Plan", "PlanLayer", "Report", "STATS", "cache_dir", "explore"]

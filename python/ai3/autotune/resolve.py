@@ -11,19 +11,27 @@ decision under ``recipe["decisions"]``.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from .. import _core
-from .auto import Auto, Node, available, choose, measure
+from .auto import Auto, Node, admissible, available, choose, measure
 from .plan import FromPlan, PlanLayer, check_complete, match
 from .signature import node_signature
+
+#: The network check's rounds (at least, at most) and seconds (past the least).
+_CHECK_ROUNDS = (5, 50)
+_CHECK_SECONDS = 0.5
 
 
 def settle_trivial(op: str, algo: Any) -> Any:
     """``'auto'`` for an operation with a single algorithm this build can run is
     that algorithm: nothing to time, and known without shapes."""
-    if not isinstance(algo, Auto):
+    if not isinstance(algo, Auto) or algo.measure_all:
         return algo
     names = [a for a in available(op) if algo.algorithms is None or a in algo.algorithms]
     return names[0] if len(names) == 1 else algo
@@ -41,6 +49,12 @@ def _value_shapes(
             list(args[1].shape) if method == "constant" else next(rows_iter)["output_shape"]
         )
     return shapes
+
+
+def rows_by_node(recipe: dict[str, Any], rows: list[dict[str, Any]]) -> dict[int, dict]:
+    """Summary rows by node index (constants have none)."""
+    it = iter(rows)
+    return {i: next(it) for i, (method, _, _) in enumerate(recipe["nodes"]) if method != "constant"}
 
 
 def _signature(recipe: dict[str, Any], index: int, shapes: dict[int, list[int]]) -> tuple:
@@ -70,9 +84,13 @@ def resolve(
     if not pending:
         return
     dtype = recipe["dtype"]
-    shapes = _value_shapes(recipe, build(recipe).summary(input_shapes), input_shapes)
+    rows = build(recipe).summary(input_shapes)  # pending nodes on 'default'
+    shapes = _value_shapes(recipe, rows, input_shapes)
+    default_rows = rows_by_node(recipe, rows)
     used: dict[int, tuple[Any, int]] = {}
     decisions = []
+    switched: dict[int, str] = {}  # node -> 'default''s algorithm, where 'auto' chose another
+    check = False
     for index in pending:
         node, name, sig = _signature(recipe, index, shapes)
         marker = node.args[node.algo_pos]
@@ -84,14 +102,62 @@ def resolve(
         else:
             measured = measure(node, sig, marker)
             what = f"{node.method} at node '{name}' (input of shape {list(node.shapes[0])})"
-            algo = choose(measured, marker, dtype, what)
+            algo = choose(measured, marker, dtype, what, default_rows[index]["algorithm"])
+            incumbent = default_rows[index]["algorithm"]
+            if algo != incumbent and admissible(measured.get(incumbent), marker, dtype):
+                switched[index] = incumbent
+                check |= marker.check_network
         node.args[node.algo_pos] = algo  # the recipe's own list
         decisions.append({"name": name, "op": node.method, "measurements": measured})
     for plan, n in used.values():
         check_complete(plan, n)
     recipe["pending"] = []
+    if check:
+        recipe["network_check"] = _check_network(recipe, switched, input_shapes, build)
     recipe["decisions"] = decisions
     recipe["decided_for"] = [list(s) for s in input_shapes]
+
+
+def _check_network(
+    recipe: dict[str, Any],
+    switched: dict[int, str],
+    input_shapes: list[list[int]],
+    build: Callable[[dict[str, Any]], _core.Model],
+) -> dict[str, Any]:
+    """Times the network with 'auto''s choices against 'default''s, call by call,
+    and goes back to 'default''s where 'auto''s are not faster. ``switched``
+    maps each node where 'auto' chose another algorithm than 'default', and
+    'default''s is admissible (within the tolerance, the workspace limit and
+    the algorithms given), to 'default''s.
+
+    A layer timed alone has its weights and input in cache; inside the network
+    they often are not, so an algorithm with a larger footprint can win alone
+    and lose in place. Returns what was measured and kept."""
+    tuned = build(recipe)
+    chosen = {i: recipe["nodes"][i][1][recipe["layouts"][i]["algo_pos"]] for i in switched}
+    for i, algo in switched.items():
+        recipe["nodes"][i][1][recipe["layouts"][i]["algo_pos"]] = algo
+    baseline = build(recipe)
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=g).to(getattr(torch, recipe["dtype"])) for s in input_shapes]
+    times: dict[str, list[float]] = {"auto": [], "default": []}
+    for core in (tuned, baseline):
+        core.run(inputs)  # warm-up
+    start = time.perf_counter()
+    while len(times["auto"]) < _CHECK_ROUNDS[0] or (
+        len(times["auto"]) < _CHECK_ROUNDS[1] and time.perf_counter() - start < _CHECK_SECONDS
+    ):
+        for name, core in (("auto", tuned), ("default", baseline)):
+            t = time.perf_counter()
+            core.run(inputs)
+            times[name].append(time.perf_counter() - t)
+    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    kept = ms["auto"] < ms["default"]
+    if kept:
+        for i, algo in chosen.items():
+            recipe["nodes"][i][1][recipe["layouts"][i]["algo_pos"]] = algo
+    return {"auto_ms": ms["auto"], "default_ms": ms["default"], "kept": kept,
+            "layers": len(switched)}  # fmt: skip
 
 
 def plan_layers(
@@ -107,11 +173,7 @@ def plan_layers(
     measured = {d["name"]: d["measurements"] for d in decisions}
     rows = core.summary(input_shapes)
     shapes = _value_shapes(recipe, rows, input_shapes)
-    algorithm_of = {}
-    row = iter(rows)
-    for i, (method, _, _) in enumerate(recipe["nodes"]):
-        if method != "constant":
-            algorithm_of[i] = next(row)["algorithm"]
+    algorithm_of = {i: r["algorithm"] for i, r in rows_by_node(recipe, rows).items()}
     layers = []
     for i, (method, _, _) in enumerate(recipe["nodes"]):
         if method in ops and i in recipe["layouts"]:
