@@ -5,8 +5,9 @@ starts from an empty measurement cache):
 
 - ``convert(net)`` (``'default'``) and ``convert(net, 'auto')`` with the
   sample shape, timing the 'auto' conversion (it times every layer);
-- both models called alternately, call by call, for at least ``--seconds``
-  and ``--rounds`` rounds: the medians and their ratio (auto / default).
+- both models called alternately, call by call (ABBA order), for at least
+  ``--seconds`` and ``--rounds`` rounds: the medians and their ratio (auto /
+  default).
 
 ``--explore`` also times ``python -m ai3 explore MODEL --batch 1`` (224x224)
 as a user runs it, with an empty cache.
@@ -53,8 +54,11 @@ def one(model: str, batch: int, size: int, rounds: int, seconds: float) -> dict:
     times = {"default": [], "auto": []}
     start = time.perf_counter()
     n = 0
+    pair = [("default", default), ("auto", auto)]
     while n < rounds or time.perf_counter() - start < seconds:
-        for name, m in (("default", default), ("auto", auto)):
+        # ABBA order, so that whatever favours the first (or second) call of a
+        # round favours both models alike.
+        for name, m in pair if n % 2 == 0 else pair[::-1]:
             t = time.perf_counter()
             m(x)
             times[name].append(time.perf_counter() - t)

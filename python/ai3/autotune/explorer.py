@@ -75,12 +75,14 @@ def _torch_layer_ms(module: nn.Module, name: str, shapes, dtype, repeat: int) ->
 
 
 def _interleaved_ms(engines: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Each engine's median over ``rounds``, one call of each per round."""
+    """Each engine's median over ``rounds``, one call of each per round, the
+    order reversed every other round."""
     for fn in engines.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {k: [] for k in engines}
-    for _ in range(rounds):
-        for k, fn in engines.items():
+    order = list(engines.items())
+    for r in range(rounds):
+        for k, fn in order if r % 2 == 0 else order[::-1]:  # each position alike for all
             t = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t)

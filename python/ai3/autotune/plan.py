@@ -198,7 +198,7 @@ def match(plan: Plan, index: int, name: str, signature: dict[str, Any]) -> str:
         what = []
         if layer.name != name:
             what.append(f"name '{layer.name}' in the plan, '{name}' in the model")
-        for k in ("op", "params", "kwargs", "input_shapes", "dtype"):
+        for k in ("op", "params", "kwargs", "input_shapes", "dtype", "device"):
             if mine.get(k) != theirs.get(k):
                 what.append(f"{k} {theirs.get(k)} in the plan, {mine.get(k)} in the model")
         raise PlanError(

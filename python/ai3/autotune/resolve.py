@@ -2,11 +2,13 @@
 ``'auto'`` (timed, see :mod:`.auto`) or ``plan=`` (looked up, see :mod:`.plan`).
 
 ``convert`` leaves such a layer's algorithm as a marker in the recipe and
-lists it under ``recipe["pending"]``: the node's index, where its algorithm
-goes and which of its arguments are graph values. Once the input shapes are
-known (``sample_input_shape``, a plan's shapes, or the first call),
-:func:`resolve` gives every pending layer its algorithm and records each
-decision under ``recipe["decisions"]``.
+lists the node's index under ``recipe["pending"]``; ``recipe["layouts"]``
+says, per node, where its algorithm goes and which of its arguments are graph
+values. Once the input shapes are known (``sample_input_shape``, a plan's
+shapes, or the first call), :func:`resolve` gives every pending layer its
+algorithm, records what was measured under ``recipe["decisions"]`` and, when
+'auto' changed 'default''s choices, the network check under
+``recipe["network_check"]``.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ def _check_network(
     while len(times["auto"]) < _CHECK_ROUNDS[0] or (
         len(times["auto"]) < _CHECK_ROUNDS[1] and time.perf_counter() - start < _CHECK_SECONDS
     ):
-        for name, core in (("auto", tuned), ("default", baseline)):
+        pair = [("auto", tuned), ("default", baseline)]
+        for name, core in pair if len(times["auto"]) % 2 == 0 else pair[::-1]:
             t = time.perf_counter()
             core.run(inputs)
             times[name].append(time.perf_counter() - t)

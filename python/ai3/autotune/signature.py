@@ -3,7 +3,7 @@ plans.
 
 A layer's signature is everything that decides which algorithm is fastest:
 the operation, its parameters (weights by shape only), the activation fused
-into it, its input shapes and the dtype. The machine description adds what
+into it, its input shapes, the dtype and the device. The machine description adds what
 the same layer's timings depend on beyond the layer: the CPU, its vector
 instruction set, the thread count and ai3's version.
 """
@@ -65,6 +65,7 @@ def node_signature(
         "kwargs": {k: describe_arg(v) for k, v in sorted(kwargs.items())},
         "input_shapes": [list(s) for s in input_shapes],
         "dtype": dtype,
+        "device": "cpu",  # every ai3 model runs on the CPU so far
     }
 
 
