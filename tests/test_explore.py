@@ -332,6 +332,22 @@ def test_a_saved_plan_reloads_with_identical_choices_and_outputs(tmp_path):
     assert_close(swapped(x), m(x))
 
 
+def test_a_plan_from_convert_applies_to_swapped_layers_with_batchnorm_folded():
+    # convert folds the BatchNorm into the convolution (a bias appears); the same
+    # layer swapped alone has none: the plan is about the layer, not its epilogue.
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                             nn.ReLU(), nn.Conv2d(16, 8, 3)).eval()  # fmt: skip
+
+    plan = ai3.convert(make(), {"conv2d": "auto"}, SHAPE).plan()
+    assert plan.layers[0].signature["params"][2] == {"tensor": [16]}  # the folded bias
+    swapped = ai3.swap_conv2d(make(), plan=plan)
+    assert [swapped[0].algorithm, swapped[3].algorithm] == list(plan.algorithms().values())
+    x = torch.randn(SHAPE)
+    assert_close(swapped(x), make()(x))
+
+
 def test_a_plan_that_does_not_fit_is_a_clear_error(tmp_path):
     plan = ai3.convert(net(), {"conv2d": "auto"}, SHAPE).plan()
     wider = nn.Sequential(nn.Conv2d(16, 48, 3, padding=1), nn.ReLU(), nn.Conv2d(48, 32, 3, stride=2),

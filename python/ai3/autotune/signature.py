@@ -25,6 +25,10 @@ from .. import threads
 #: signature (the epilogue runs inside the timed kernel), not of a plan's layer
 #: (a swapped layer and a converted one with a fused ReLU are the same layer).
 _FUSED = "activation"
+#: Where an operation's bias sits among a signature's ``params``: also an
+#: epilogue, and ``convert`` gives a convolution one when it folds the
+#: BatchNorm after it, which the same layer swapped alone does not have.
+_BIAS = {"conv2d": 2, "linear": 2}
 
 
 def describe_arg(a: Any) -> Any:
@@ -70,9 +74,14 @@ def node_signature(
 
 
 def layer_key(signature: dict[str, Any]) -> dict[str, Any]:
-    """The part of a signature a plan matches a layer on (no fused activation)."""
+    """The part of a signature a plan matches a layer on: all but the epilogue
+    (the fused activation and the bias)."""
     kwargs = {k: v for k, v in signature["kwargs"].items() if k != _FUSED}
-    return {**signature, "kwargs": kwargs}
+    params = list(signature["params"])
+    bias = _BIAS.get(signature["op"])
+    if bias is not None and bias < len(params):
+        params[bias] = "bias?"
+    return {**signature, "kwargs": kwargs, "params": params}
 
 
 @functools.cache
