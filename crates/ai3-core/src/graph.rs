@@ -307,20 +307,20 @@ impl Graph {
         self.nodes
             .iter()
             .map(|node| {
-                let ins: Vec<Vec<usize>> = node.inputs.iter().map(|&v| shapes[v].clone()).collect();
-                let refs: Vec<&[usize]> = ins.iter().map(Vec::as_slice).collect();
-                let named = |e: Error| with_node(e, &node.name);
-                let algorithm = node.op.algorithm_for_inputs(&refs).map_err(named)?;
-                let problem = node.op.problem(&refs).map_err(named)?;
-                let kind = node.op.kind();
-                let workspace_bytes = registry::entries(kind, DeviceKind::Cpu)
-                    .find(|e| e.algorithm.name() == algorithm)
-                    .map_or(0, |e| (e.workspace_bytes)(&problem, self.dtype));
+                let (refs, candidates) = self.node_candidates(node, &shapes)?;
+                let algorithm = node
+                    .op
+                    .algorithm_for_inputs(&refs)
+                    .map_err(|e| with_node(e, &node.name))?;
+                let workspace_bytes = candidates
+                    .iter()
+                    .find(|c| c.algorithm.name() == algorithm)
+                    .map_or(0, |c| c.workspace_bytes);
                 Ok(NodeReport {
                     name: node.name.clone(),
-                    op: kind.name().into(),
+                    op: node.op.kind().name().into(),
                     algorithm,
-                    input_shapes: ins,
+                    input_shapes: refs.iter().map(|s| s.to_vec()).collect(),
                     output_shape: shapes[node.output].clone(),
                     fused: node.op.fused_activation().map(|k| k.name().to_string()),
                     workspace_bytes,
@@ -336,21 +336,25 @@ impl Graph {
         let shapes = self.infer_shapes(input_shapes)?;
         self.nodes
             .iter()
-            .map(|node| {
-                let refs: Vec<&[usize]> =
-                    node.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
-                let problem = node
-                    .op
-                    .problem(&refs)
-                    .map_err(|e| with_node(e, &node.name))?;
-                Ok(registry::candidates(
-                    node.op.kind(),
-                    DeviceKind::Cpu,
-                    &problem,
-                    self.dtype,
-                ))
-            })
+            .map(|node| Ok(self.node_candidates(node, &shapes)?.1))
             .collect()
+    }
+
+    /// `node`'s input shapes (from every value's `shapes`) and what the
+    /// registry says of each of its algorithms for them.
+    fn node_candidates<'s>(
+        &self,
+        node: &Node,
+        shapes: &'s [Vec<usize>],
+    ) -> Result<(Vec<&'s [usize]>, Vec<Candidate>)> {
+        let refs: Vec<&[usize]> = node.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
+        let problem = node
+            .op
+            .problem(&refs)
+            .map_err(|e| with_node(e, &node.name))?;
+        let candidates =
+            registry::candidates(node.op.kind(), DeviceKind::Cpu, &problem, self.dtype);
+        Ok((refs, candidates))
     }
 
     /// `node`'s input shapes, for messages.

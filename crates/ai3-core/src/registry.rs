@@ -425,19 +425,6 @@ pub fn candidates(
         .collect()
 }
 
-/// The scratch bytes `algorithm` needs for `problem` on `device` (0 when it has no row).
-pub fn workspace_bytes(
-    op: OpKind,
-    algorithm: Algorithm,
-    device: DeviceKind,
-    problem: &Problem,
-    dtype: DType,
-) -> usize {
-    entries(op, device)
-        .find(|e| e.algorithm == algorithm)
-        .map_or(0, |e| (e.workspace_bytes)(problem, dtype))
-}
-
 /// What a user asked for: a named algorithm or ai3's choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -672,14 +659,15 @@ mod tests {
             get(Algorithm::Direct).workspace_bytes,
             (4 * 10 * 10 + 64) * 4
         );
-        let f64_bytes = workspace_bytes(
-            OpKind::Conv2d,
-            Algorithm::Direct,
-            DeviceKind::Cpu,
-            &conv(3, 2),
-            DType::F64,
+        let f64s = candidates(OpKind::Conv2d, DeviceKind::Cpu, &conv(3, 2), DType::F64);
+        let f64_direct = f64s
+            .iter()
+            .find(|c| c.algorithm == Algorithm::Direct)
+            .unwrap();
+        assert_eq!(
+            f64_direct.workspace_bytes,
+            2 * get(Algorithm::Direct).workspace_bytes
         );
-        assert_eq!(f64_bytes, 2 * get(Algorithm::Direct).workspace_bytes);
     }
 
     #[test]
