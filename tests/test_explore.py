@@ -510,3 +510,29 @@ def test_choices_slower_in_the_network_go_back_to_default(delays):
     assert [r["algorithm"] for r in unchecked.summary()] == ["smm", "smm"]
     x = torch.randn(shape)
     assert_close(model(x), m(x))
+
+
+class _RuntimeWeight(nn.Module):
+    def forward(self, x, w):
+        return torch.nn.functional.conv2d(x, w, padding=1)
+
+
+def test_auto_times_layers_whose_weights_are_inputs():
+    x, w = torch.randn(1, 4, 8, 8), torch.randn(6, 4, 3, 3)
+    expected = _RuntimeWeight()(x, w)
+    # Several inputs take one sample shape each.
+    now = ai3.convert(_RuntimeWeight(), {"conv2d": "auto"}, [(1, 4, 8, 8), (6, 4, 3, 3)])
+    (layer,) = now.plan().layers
+    assert layer.signature["input_shapes"] == [[1, 4, 8, 8], [6, 4, 3, 3]]
+    assert layer.algorithm in usable(layer.measurements)
+    assert_close(now(x, w), expected)
+    later = ai3.convert(_RuntimeWeight(), {"conv2d": "auto"})
+    assert_close(later(x, w), expected)
+    assert later.plan().algorithms() == now.plan().algorithms()
+
+
+def test_auto_with_an_empty_batch():
+    m = conv()
+    model = ai3.convert(m, {"conv2d": ai3.Auto(cache=False)}, (0, 16, 12, 12))
+    assert model(torch.randn(0, 16, 12, 12)).shape == (0, 16, 12, 12)
+    assert model.plan().layers[0].algorithm in usable(model.plan().layers[0].measurements)

@@ -34,11 +34,15 @@ def _zeros(module: nn.Module, shape: Sequence[int], dtype: torch.dtype | None) -
 def input_shapes_of_nodes(
     gm: torch.fx.GraphModule, sample_input_shape: Sequence[int] | None, dtype: torch.dtype
 ) -> dict[torch.fx.Node, tuple[int, ...]] | None:
-    """For each fx node, the shape of its first argument; ``None`` without a sample shape."""
+    """For each fx node, the shape of its first argument; ``None`` without a sample shape.
+    A network with several inputs takes a sequence of shapes, one per input."""
     if sample_input_shape is None:
         return None
+    shapes = sample_input_shape
+    if not (len(shapes) and all(isinstance(s, Sequence) for s in shapes)):
+        shapes = [shapes]
     with _eval_no_grad(gm):
-        ShapeProp(gm).propagate(_zeros(gm, sample_input_shape, dtype))
+        ShapeProp(gm).propagate(*[_zeros(gm, s, dtype) for s in shapes])
     shapes = {}
     for n in gm.graph.nodes:
         arg = n.args[0] if n.args else None
