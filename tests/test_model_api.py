@@ -299,19 +299,27 @@ def test_cli_help_is_plain_text(argv, capsys):
         assert markup not in out
 
 
-def _check_notes(out: str, unavailable: dict[tuple[str, str], str]) -> None:
+def _row(out: str, op: str, algorithm: str, device: str | None) -> str:
+    """The line of ``algorithm`` (names may have spaces) for ``op``, on ``device``
+    where the table has a device column."""
+    tail = rf"\s+{device}\b" if device else r"(\s|$)"
+    pattern = rf"{re.escape(op)}\s+{re.escape(algorithm)}{tail}"
+    return next(line for line in out.splitlines() if re.match(pattern, line))
+
+
+def _check_notes(out: str, unavailable: dict[tuple[str, str, str | None], str]) -> None:
     """Each reason once, in a numbered note; rows short and pointing at their note."""
-    notes: dict[str, tuple[str, str]] = {}
+    notes: dict[str, list[tuple[str, str]]] = {}
     for line in out.splitlines():
         match = re.match(r"  \[(\d+)\] ([\w, ]+): (.*)$", line)
         if match:
             number, ops, text = match.groups()
-            notes.update({op: (number, text) for op in ops.split(", ")})
+            for op in ops.split(", "):
+                notes.setdefault(op, []).append((number, text))
             assert out.count(text) == 1
-    for (op, algorithm), reason in unavailable.items():
-        number, text = notes[op]
-        assert text.replace("<op>", op) == reason
-        row = next(line for line in out.splitlines() if line.split()[:2] == [op, algorithm])
+    for (op, algorithm, device), reason in unavailable.items():
+        number, text = next((n, t) for n, t in notes[op] if t.replace("<op>", op) == reason)
+        row = _row(out, op, algorithm, device)
         assert row.endswith(f"note {number}]") or row.endswith(f"note [{number}]"), row
         assert len(row) < 120, row
 
@@ -323,12 +331,15 @@ def test_cli_algorithms_prints_each_reason_once(capsys):
     # Whether this build has unavailable algorithms depends on cpp_custom/; the rows are
     # short either way, and any reason is given once.
     for row in table:
-        line = next(
-            line for line in out.splitlines() if line.split()[:2] == [row["op"], row["algorithm"]]
-        )
+        line = _row(out, row["op"], row["algorithm"], row["device"])
         assert len(line) < 120, line
     _check_notes(
-        out, {(r["op"], r["algorithm"]): r["unavailable"] for r in table if r["unavailable"]}
+        out,
+        {
+            (r["op"], r["algorithm"], r["device"]): r["unavailable"]
+            for r in table
+            if r["unavailable"]
+        },
     )
 
 
@@ -350,7 +361,7 @@ def test_test_summary_shares_one_note_for_reasons_differing_by_operation():
         order=list(reasons),
     )
     out = report.format_summary()
-    _check_notes(out, reasons)
+    _check_notes(out, {(op, a, None): why for (op, a), why in reasons.items()})
     assert (
         "[1] conv2d, relu: custom <op> is missing: write <op>.cpp in /tmp/long/path/cpp_custom"
         in out

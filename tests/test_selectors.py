@@ -385,3 +385,19 @@ def test_reused_module_takes_one_list_entry_in_convert_and_swap():
     ai3.swap_conv2d(net, ["winograd", "smm"])
     assert (net.shared.algorithm, net.last.algorithm) == ("winograd", "smm")
     torch.testing.assert_close(net(x), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["implicit gemm", "implicit precomp gemm", "winograd nonfused",
+                                  "fft tiling", "guess", "find"])  # fmt: skip
+def test_cudnn_algorithms_are_named_and_say_they_need_a_gpu(name):
+    assert name in ai3.SUPPORTED_ALGORITHMS["conv2d"]
+    assert not ai3.using_cudnn()
+    row = next(r for r in ai3.algorithm_table() if r["algorithm"] == name)
+    assert row["device"] == "cuda" and "no CUDA backend" in row["unavailable"]
+    net = nn.Sequential(nn.Conv2d(3, 4, 3))
+    with pytest.raises(
+        ai3.AlgorithmError, match=f"conv2d.*'{name}' runs on cuda only.*runs on the cpu"
+    ):
+        ai3.convert(net, {"conv2d": name})
+    with pytest.raises(ai3.AlgorithmError, match=f"'{name}' runs on cuda only"):
+        ai3.swap_conv2d(net, name)

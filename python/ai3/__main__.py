@@ -91,12 +91,15 @@ def algorithms() -> int:
     note_of, notes = testing._reason_notes(
         (row["op"], row["unavailable"]) for row in table if row["unavailable"]
     )
-    print(f"{'operation':<18} {'algorithm':<10} {'device':<6} summary")
+    width = max(len(row["algorithm"]) for row in table)
+    print(f"{'operation':<18} {'algorithm':<{width}} {'device':<6} summary")
     for row in table:
         why = ""
         if row["unavailable"]:
             why = f"  [unavailable, note {note_of[(row['op'], row['unavailable'])]}]"
-        print(f"{row['op']:<18} {row['algorithm']:<10} {row['device']:<6} {row['summary']}{why}")
+        print(
+            f"{row['op']:<18} {row['algorithm']:<{width}} {row['device']:<6} {row['summary']}{why}"
+        )
     if notes:
         print("\nunavailable in this build:")
         for note in notes:

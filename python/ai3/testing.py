@@ -367,10 +367,23 @@ def _plan(
                     f"the suite has no cases for {op!r}; valid operations: {', '.join(testable)}"
                 )
     chosen_ops = list(ops) if ops is not None else testable
+    # The suite runs on the CPU: an algorithm counts by its CPU row; one with
+    # rows on other devices only is reported unavailable, with why.
     rows: dict[str, list[tuple[str, str | None]]] = {op: [] for op in chosen_ops}
+    elsewhere: dict[tuple[str, str], str] = {}
     for row in algorithm_table():
-        if row["op"] in rows:
+        if row["op"] not in rows:
+            continue
+        if row["device"] == "cpu":
             rows[row["op"]].append((row["algorithm"], row["unavailable"]))
+        else:
+            why = row["unavailable"] or "the suite runs on the CPU"
+            elsewhere.setdefault(
+                (row["op"], row["algorithm"]), f"runs on {row['device']} only: {why}"
+            )
+    for (op, algo), why in elsewhere.items():
+        if all(algo != a for a, _ in rows[op]):
+            rows[op].append((algo, why))
     if algorithms is None:
         return [(op, algo, why) for op in chosen_ops for algo, why in rows[op]]
 

@@ -34,6 +34,18 @@ pub enum Algorithm {
     Fft,
     /// The user's C++ implementation from `cpp_custom/`.
     Custom,
+    /// cuDNN's implicit GEMM (`CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM`).
+    ImplicitGemm,
+    /// cuDNN's implicit GEMM with a precomputed index (`..._IMPLICIT_PRECOMP_GEMM`).
+    ImplicitPrecompGemm,
+    /// cuDNN's Winograd with separate transform kernels (`..._WINOGRAD_NONFUSED`).
+    WinogradNonfused,
+    /// cuDNN's tiled FFT (`..._FFT_TILING`).
+    FftTiling,
+    /// cuDNN's heuristic choice (`cudnnGetConvolutionForwardAlgorithm_v7`).
+    Guess,
+    /// cuDNN's timed choice (`cudnnFindConvolutionForwardAlgorithm`), per layer signature.
+    Find,
 }
 
 impl Algorithm {
@@ -46,6 +58,12 @@ impl Algorithm {
             Algorithm::Winograd => "winograd",
             Algorithm::Fft => "fft",
             Algorithm::Custom => "custom",
+            Algorithm::ImplicitGemm => "implicit gemm",
+            Algorithm::ImplicitPrecompGemm => "implicit precomp gemm",
+            Algorithm::WinogradNonfused => "winograd nonfused",
+            Algorithm::FftTiling => "fft tiling",
+            Algorithm::Guess => "guess",
+            Algorithm::Find => "find",
         }
     }
 }
@@ -258,6 +276,33 @@ macro_rules! custom_row {
     };
 }
 
+/// Why no CUDA row can run in this build: the GPU backend (cuDNN and cuBLAS
+/// loaded at run time through cudarc) is not built yet. Its rows are listed so
+/// that their names are known and selecting one says why it cannot run.
+fn no_cuda_backend() -> std::result::Result<(), String> {
+    Err(
+        "this build of ai3 has no CUDA backend yet (cuDNN and cuBLAS are not built in); \
+         models run on the CPU"
+            .into(),
+    )
+}
+
+/// A row of a cuDNN / cuBLAS algorithm on CUDA devices.
+macro_rules! cuda_row {
+    ($op:ident, $algo:ident, $summary:expr) => {
+        AlgorithmInfo {
+            op: OpKind::$op,
+            algorithm: Algorithm::$algo,
+            device: DeviceKind::Cuda,
+            summary: $summary,
+            available: no_cuda_backend,
+            supports: any_problem,
+            workspace_bytes: no_workspace,
+            preferred: never,
+        }
+    };
+}
+
 macro_rules! row {
     ($op:ident, $algo:ident, $summary:expr) => {
         row!($op, $algo, $summary, always, any_problem, no_workspace)
@@ -341,6 +386,25 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
         never
     ),
     row!(Linear, Gemm, "blocked GEMM with the weight read transposed"),
+    // cuDNN's forward algorithms and cuBLAS, by the names the reference ai3 uses.
+    cuda_row!(Conv2d, ImplicitGemm, "cuDNN implicit GEMM"),
+    cuda_row!(
+        Conv2d,
+        ImplicitPrecompGemm,
+        "cuDNN implicit GEMM, precomputed indices"
+    ),
+    cuda_row!(Conv2d, Gemm, "cuDNN explicit GEMM"),
+    cuda_row!(Conv2d, Winograd, "cuDNN Winograd"),
+    cuda_row!(
+        Conv2d,
+        WinogradNonfused,
+        "cuDNN Winograd, separate transforms"
+    ),
+    cuda_row!(Conv2d, Fft, "cuDNN FFT"),
+    cuda_row!(Conv2d, FftTiling, "cuDNN tiled FFT"),
+    cuda_row!(Conv2d, Guess, "cuDNN's heuristic pick"),
+    cuda_row!(Conv2d, Find, "cuDNN's timed pick, cached per layer"),
+    cuda_row!(Linear, Gemm, "cuBLAS GEMM"),
     row!(Relu, Direct, "elementwise max(x, 0)"),
     row!(MaxPool2d, Direct, "window maximum"),
     row!(AvgPool2d, Direct, "window mean"),
@@ -440,8 +504,9 @@ impl Request {
         if name == "default" {
             return Ok(Request::Default);
         }
-        entries(op, DeviceKind::Cpu)
-            .find(|e| e.algorithm.name() == name)
+        REGISTRY
+            .iter()
+            .find(|e| e.op == op && e.algorithm.name() == name)
             .map(|e| Request::Named(e.algorithm))
             .ok_or_else(|| {
                 let hint = if name == "torch" {
@@ -483,11 +548,21 @@ pub fn resolve(
             let entry = entries(op, device)
                 .find(|e| e.algorithm == algo)
                 .ok_or_else(|| {
+                    let elsewhere: Vec<&str> = REGISTRY
+                        .iter()
+                        .filter(|e| e.op == op && e.algorithm == algo)
+                        .map(|e| e.device.name())
+                        .collect();
                     Error::algorithm(
                         op.name(),
                         format!(
-                            "algorithm '{algo}' has no implementation on {}",
-                            device.name()
+                            "algorithm '{algo}' runs on {} only and this model runs on the {}; \
+                             choose one of {:?}",
+                            elsewhere.join(", "),
+                            device.name(),
+                            entries(op, device)
+                                .map(|e| e.algorithm.name())
+                                .collect::<Vec<_>>()
                         ),
                     )
                 })?;
@@ -668,6 +743,35 @@ mod tests {
             f64_direct.workspace_bytes,
             2 * get(Algorithm::Direct).workspace_bytes
         );
+    }
+
+    #[test]
+    fn cudnn_names_parse_and_say_they_need_a_gpu() {
+        let guess = Request::parse(OpKind::Conv2d, "implicit precomp gemm").unwrap();
+        let err = resolve(OpKind::Conv2d, guess, DeviceKind::Cpu, &conv(3, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("'implicit precomp gemm' runs on cuda only"),
+            "{err}"
+        );
+        let on_gpu = resolve(
+            OpKind::Conv2d,
+            Request::Named(Algorithm::Gemm),
+            DeviceKind::Cuda,
+            &conv(3, 1),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(on_gpu.contains("no CUDA backend"), "{on_gpu}");
+        // 'default' on the CPU never lands on a GPU row.
+        let picked = resolve(
+            OpKind::Linear,
+            Request::Default,
+            DeviceKind::Cpu,
+            &conv(3, 1),
+        );
+        assert_eq!(picked.unwrap(), Algorithm::Gemm);
     }
 
     #[test]

@@ -334,6 +334,18 @@ impl Conv2d {
                 let shape = [p.batch, p.in_channels, p.in_h, p.in_w];
                 return custom_result(OP, &shape, custom::conv2d(p, x, w, b, out));
             }
+            // `algorithm()` resolved for the CPU, which has no row for these.
+            gpu_only @ (Algorithm::ImplicitGemm
+            | Algorithm::ImplicitPrecompGemm
+            | Algorithm::WinogradNonfused
+            | Algorithm::FftTiling
+            | Algorithm::Guess
+            | Algorithm::Find) => {
+                return Err(Error::internal(
+                    OP.name(),
+                    format!("the GPU algorithm '{gpu_only}' reached the CPU kernels"),
+                ))
+            }
         };
         kernel_result(OP, done, context)
     }
