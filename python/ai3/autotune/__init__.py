@@ -4,7 +4,8 @@
 - :class:`Auto` (``'auto'``): time every algorithm that can run a layer on its
   real input shape and keep the fastest accurate one (:mod:`.auto`);
 - measurements are cached on disk per layer signature and machine
-  (:mod:`.cache`, :mod:`.signature`);
+  (:mod:`.cache`, :mod:`.signature`); :mod:`.timing` holds the shared
+  timing pieces (random inputs, interleaved medians);
 - a :class:`Plan` saves the choice of every layer and applies it later
   without timing (:mod:`.plan`); :mod:`.resolve` decides a converted model's
   layers from either;

@@ -41,6 +41,7 @@ from .. import _core, threads
 from ..errors import AlgorithmError, InvalidArgumentError
 from . import cache
 from .signature import digest, machine
+from .timing import random_inputs
 
 #: Largest relative error accepted by default, per dtype.
 DEFAULT_TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
@@ -177,14 +178,8 @@ class Node:
         return core
 
     def inputs(self, dtype: str | None = None) -> list[torch.Tensor]:
-        """Random inputs of the node's shapes (fixed seed)."""
-        g = torch.Generator().manual_seed(0)
-        to = getattr(torch, dtype or self.dtype)
-        return [torch.randn(s, generator=g, dtype=torch.float64).to(to) for s in self.shapes]
-
-
-def _run(core: _core.Model, inputs: list[torch.Tensor]) -> torch.Tensor:
-    return torch.from_dlpack(core.run(inputs)[0])
+        """Random inputs of the node's shapes (fixed seed, the same values in every dtype)."""
+        return random_inputs(self.shapes, getattr(torch, dtype or self.dtype))
 
 
 def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -270,7 +265,7 @@ def _time(node: Node, wanted: list[dict[str, Any]], auto: Auto, progress: Any = 
     ref_algo = next(
         (a for a in ("direct", "gemm") if any(m["algorithm"] == a for m in wanted)), "default"
     )
-    reference = _run(node.build(ref_algo, "float64"), node.inputs("float64"))
+    reference = torch.from_dlpack(node.build(ref_algo, "float64").run(node.inputs("float64"))[0])
     cores: dict[str, _core.Model] = {}
     warm: dict[str, float] = {}
     for m in wanted:

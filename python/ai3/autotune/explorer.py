@@ -4,9 +4,7 @@ plan."""
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -16,6 +14,7 @@ from torch import nn
 from ..errors import InvalidArgumentError
 from .auto import PROGRESS, Auto
 from .report import AlgorithmResult, LayerResult, Report
+from .timing import interleaved_ms, random_inputs
 
 #: The operations :func:`explore` times by default: those with a choice of algorithms.
 DEFAULT_OPS = ("conv2d", "linear")
@@ -46,21 +45,6 @@ class _Bar:
             self.bar.close()
 
 
-def _median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
-def _inputs(shapes: Sequence[Sequence[int]], dtype: torch.dtype) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return [torch.randn(tuple(s), generator=g, dtype=dtype) for s in shapes]
-
-
 def _torch_layer_ms(module: nn.Module, name: str, shapes, dtype, repeat: int) -> float | None:
     """PyTorch's own time for the submodule ``name`` (None for a function call)."""
     try:
@@ -69,24 +53,9 @@ def _torch_layer_ms(module: nn.Module, name: str, shapes, dtype, repeat: int) ->
         return None
     if sub is module or not isinstance(sub, nn.Module):
         return None
-    xs = _inputs(shapes[:1], dtype)
+    xs = random_inputs(shapes[:1], dtype)
     with torch.inference_mode():
-        return _median_ms(lambda: sub(*xs), repeat)
-
-
-def _interleaved_ms(engines: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Each engine's median over ``rounds``, one call of each per round, the
-    order reversed every other round."""
-    for fn in engines.values():
-        fn()  # warm-up
-    times: dict[str, list[float]] = {k: [] for k in engines}
-    order = list(engines.items())
-    for r in range(rounds):
-        for k, fn in order if r % 2 == 0 else order[::-1]:  # each position alike for all
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        return interleaved_ms({"torch": lambda: sub(*xs)}, repeat)["torch"]
 
 
 def _flops(sig: dict[str, Any], output_shape: Sequence[int]) -> float | None:
@@ -209,8 +178,8 @@ def explore(
         end_to_end = {}
         if compare:
             default = convert(module, None, sample_input_shape, dtype=dtype)
-            xs = _inputs(plan.input_shapes, tdtype)
-            end_to_end = _interleaved_ms(
+            xs = random_inputs(plan.input_shapes, tdtype)
+            end_to_end = interleaved_ms(
                 {
                     "ai3 (best plan)": lambda: best(*xs),
                     "ai3 ('default')": lambda: default(*xs),

@@ -13,8 +13,6 @@ algorithm, records what was measured under ``recipe["decisions"]`` and, when
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +22,7 @@ from .. import _core
 from .auto import Auto, Node, admissible, available, choose, measure
 from .plan import FromPlan, PlanLayer, check_complete, match
 from .signature import node_signature
+from .timing import interleaved_ms, random_inputs
 
 #: The network check's rounds (at least, at most) and seconds (past the least).
 _CHECK_ROUNDS = (5, 50)
@@ -140,21 +139,11 @@ def _check_network(
     for i, algo in switched.items():
         recipe["nodes"][i][1][recipe["layouts"][i]["algo_pos"]] = algo
     baseline = build(recipe)
-    g = torch.Generator().manual_seed(0)
-    inputs = [torch.randn(s, generator=g).to(getattr(torch, recipe["dtype"])) for s in input_shapes]
-    times: dict[str, list[float]] = {"auto": [], "default": []}
-    for core in (tuned, baseline):
-        core.run(inputs)  # warm-up
-    start = time.perf_counter()
-    while len(times["auto"]) < _CHECK_ROUNDS[0] or (
-        len(times["auto"]) < _CHECK_ROUNDS[1] and time.perf_counter() - start < _CHECK_SECONDS
-    ):
-        pair = [("auto", tuned), ("default", baseline)]
-        for name, core in pair if len(times["auto"]) % 2 == 0 else pair[::-1]:
-            t = time.perf_counter()
-            core.run(inputs)
-            times[name].append(time.perf_counter() - t)
-    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    inputs = random_inputs(input_shapes, getattr(torch, recipe["dtype"]))
+    ms = interleaved_ms(
+        {"auto": lambda: tuned.run(inputs), "default": lambda: baseline.run(inputs)},
+        _CHECK_ROUNDS[0], _CHECK_ROUNDS[1], _CHECK_SECONDS,
+    )  # fmt: skip
     kept = ms["auto"] < ms["default"]
     if kept:
         for i, algo in chosen.items():
