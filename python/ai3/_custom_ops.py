@@ -10,7 +10,7 @@ symmetric zero padding: the swapped modules handle the rest in plain torch.
 import math
 import weakref
 from collections.abc import Callable
-from typing import List, Optional  # torch.library's schema inference needs these spellings
+from typing import Any, List, Optional  # torch.library's schema inference needs these spellings
 
 import torch
 
@@ -120,10 +120,10 @@ def _model_for(op: str, dtype: str, build, weights: tuple, config: tuple) -> "_c
     return model
 
 
-def _run(op: str, x: torch.Tensor, weights: tuple, *args) -> torch.Tensor:
-    """Runs ``x`` through a one-node ai3 model: ``Model.<op>(op, 0, *weights, *args)``,
-    borrowing the weights (no copies). Models are reused while ``weights`` are
-    unchanged and ``args`` equal (see :func:`_model_for`)."""
+def _run(op: str, x: torch.Tensor, weights: dict, algorithm: str, **params: Any) -> torch.Tensor:
+    """Runs ``x`` through a one-node ai3 model of ``op`` with these weights and
+    parameters (by name), borrowing the weights (no copies). Models are reused
+    while ``weights`` are unchanged and ``params`` equal (see :func:`_model_for`)."""
     from .errors import DtypeError
 
     name = _DTYPE_NAMES.get(x.dtype)
@@ -135,9 +135,11 @@ def _run(op: str, x: torch.Tensor, weights: tuple, *args) -> torch.Tensor:
     threads.sync()
 
     def build(model):
-        return getattr(model, op)(op, 0, *(_detached(w) for w in weights), *args)
+        held = {k: _detached(w) for k, w in weights.items()}
+        return model.add(op, op, [0], {**held, **params}, algorithm)
 
-    model = _model_for(op, name, build, weights, args)
+    config = (algorithm, *sorted(params.items()))
+    model = _model_for(op, name, build, tuple(weights.values()), config)
     return torch.from_dlpack(model.run([x.detach()])[0])
 
 
@@ -173,13 +175,12 @@ def conv2d(
     return _run(
         "conv2d",
         x,
-        (weight, bias),
-        tuple(stride),
-        (ph, ph, pw, pw),
-        tuple(dilation),
-        groups,
-        "zeros",
+        {"weight": weight, "bias": bias},
         algorithm,
+        stride=tuple(stride),
+        padding=(ph, ph, pw, pw),
+        dilation=tuple(dilation),
+        groups=groups,
     )
 
 
@@ -234,7 +235,7 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], algorithm: str
 ) -> torch.Tensor:
     """ai3's fully connected layer over the last dimension."""
-    return _run("linear", x, (weight, bias), algorithm)
+    return _run("linear", x, {"weight": weight, "bias": bias}, algorithm)
 
 
 @linear.register_fake
@@ -268,7 +269,7 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 @_operator("relu")
 def relu(x: torch.Tensor, algorithm: str) -> torch.Tensor:
     """ai3's ReLU."""
-    return _run("relu", x, (), algorithm)
+    return _run("relu", x, {}, algorithm)
 
 
 @relu.register_fake
@@ -305,13 +306,13 @@ def maxpool2d(
     return _run(
         "maxpool2d",
         x,
-        (),
-        tuple(kernel),
-        tuple(stride),
-        tuple(padding),
-        tuple(dilation),
-        ceil_mode,
+        {},
         algorithm,
+        kernel_size=tuple(kernel),
+        stride=tuple(stride),
+        padding=tuple(padding),
+        dilation=tuple(dilation),
+        ceil_mode=ceil_mode,
     )
 
 
@@ -360,14 +361,14 @@ def avgpool2d(
     return _run(
         "avgpool2d",
         x,
-        (),
-        tuple(kernel),
-        tuple(stride),
-        tuple(padding),
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
+        {},
         algorithm,
+        kernel_size=tuple(kernel),
+        stride=tuple(stride),
+        padding=tuple(padding),
+        ceil_mode=ceil_mode,
+        count_include_pad=count_include_pad,
+        divisor_override=divisor_override,
     )
 
 
@@ -400,7 +401,7 @@ avgpool2d.register_autograd(_avgpool_backward, setup_context=_avgpool_setup)
 @_operator("adaptiveavgpool2d")
 def adaptiveavgpool2d(x: torch.Tensor, output_size: List[int], algorithm: str) -> torch.Tensor:
     """ai3's adaptive average pooling on batched input (sizes already resolved)."""
-    return _run("adaptiveavgpool2d", x, (), tuple(output_size), algorithm)
+    return _run("adaptiveavgpool2d", x, {}, algorithm, output_size=tuple(output_size))
 
 
 @adaptiveavgpool2d.register_fake
@@ -426,7 +427,7 @@ adaptiveavgpool2d.register_autograd(_adaptive_backward, setup_context=_adaptive_
 @_operator("flatten")
 def flatten(x: torch.Tensor, start_dim: int, end_dim: int, algorithm: str) -> torch.Tensor:
     """ai3's flatten (a copy: custom operators may not return views)."""
-    return _run("flatten", x, (), start_dim, end_dim, algorithm)
+    return _run("flatten", x, {}, algorithm, start_dim=start_dim, end_dim=end_dim)
 
 
 @flatten.register_fake

@@ -58,19 +58,26 @@ def _producer(lw: Lowerer, steps: list[Step], s: Step, ops: tuple[str, ...]) -> 
 
 
 def _fold(conv: Step, bn: Step) -> None:
-    weight, bias = conv.args[1], conv.args[2]
-    gamma, beta, mean, var, eps = bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[5]
+    weight, bias = conv.params["weight"], conv.params.get("bias")
+    p = bn.params
+    gamma, beta, mean, var = p.get("weight"), p.get("bias"), p["running_mean"], p["running_var"]
     with torch.no_grad():
         w = weight.detach().double()
-        scale = 1.0 / torch.sqrt(var.detach().double() + eps)
+        scale = 1.0 / torch.sqrt(var.detach().double() + p["eps"])
         if gamma is not None:
             scale = scale * gamma.detach().double()
         b = torch.zeros_like(scale) if bias is None else bias.detach().double()
         b = (b - mean.detach().double()) * scale
         if beta is not None:
             b = b + beta.detach().double()
-        conv.args[1] = (w * scale.view(-1, 1, 1, 1)).to(weight.dtype)
-        conv.args[2] = b.to(weight.dtype)
+        conv.params["weight"] = (w * scale.view(-1, 1, 1, 1)).to(weight.dtype)
+        conv.params["bias"] = b.to(weight.dtype)
+
+
+def _weights(s: Step) -> list[Any]:
+    """The step's weight parameters (tensors, ``In`` placeholders or None)."""
+    names = ("weight", "bias", "running_mean", "running_var")
+    return [s.params.get(k) for k in names]
 
 
 def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
@@ -81,9 +88,9 @@ def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
         conv = _producer(lw, steps, bn, ("conv2d",))
         # Only weights held as tensors can be folded; graph values change per call.
         held = conv is not None and all(
-            isinstance(a, torch.Tensor) or a is None for a in (*conv.args[1:3], *bn.args[1:5])
+            isinstance(a, torch.Tensor) or a is None for a in (*_weights(conv), *_weights(bn))
         )
-        if held and "activation" not in conv.kwargs:
+        if held and "activation" not in conv.params:
             _fold(conv, bn)
             lw.kind[bn.node] = Alias(conv.node)
             steps.remove(bn)
@@ -94,9 +101,8 @@ def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
         algo = algo_of[id(act)]
         if not isinstance(algo, str) or _core.runs_custom(act.op, algo):
             continue
-        if prod is not None and "activation" not in prod.kwargs:
-            kind, params = ("relu", []) if act.method == "relu" else (act.args[1], act.args[2])
-            prod.kwargs["activation"] = (kind, params)
+        if prod is not None and "activation" not in prod.params:
+            prod.params["activation"] = (act.op, dict(act.params))
             lw.kind[act.node] = Alias(prod.node)
             steps.remove(act)
     return steps

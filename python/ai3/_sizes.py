@@ -65,7 +65,7 @@ def as_size(v: Any) -> SizeExpr | None:
 
 
 def encode(e: SizeExpr, index_of: dict[torch.fx.Node, int]) -> tuple:
-    """The nested-tuple form ``_core.Model.reshape`` takes; ``index_of`` numbers the
+    """The nested-tuple form of ``reshape``'s ``shape`` parameter; ``index_of`` numbers the
     tensors the expression reads (0 is the reshaped tensor itself)."""
     if isinstance(e, Const):
         return ("const", e.value)

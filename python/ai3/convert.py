@@ -18,7 +18,7 @@ import torch.fx
 from torch import nn
 
 from . import _fusion, swap
-from ._lowering import ALGO, ALL_INPUTS, MODULES, In, Lowerer, Step
+from ._lowering import MODULES, In, Lowerer, Step
 from ._shapes import input_shapes_of_nodes, trace
 from .autotune.auto import Auto
 from .autotune.plan import FromPlan, Plan, as_plan, check_complete, warn_if_foreign
@@ -95,20 +95,22 @@ def _select(
 
 
 class _Recipe:
-    """Accumulates the calls that build the Rust graph."""
+    """Accumulates the nodes the Rust graph is built from.
+
+    A node is a dict: ``op``, ``name``, ``inputs`` (value ids), ``params``
+    (by name), ``weights`` (weight parameters read from graph values: name ->
+    value id) and ``algorithm``; a constant is ``{"op": "constant", "name",
+    "tensor"}``. :func:`ai3.model.add_node` builds one."""
 
     def __init__(self, lw: Lowerer, dtype: str):
         self.lw = lw
         self.dtype = getattr(torch, dtype)
-        self.nodes: list[tuple[str, list, dict]] = []
+        self.nodes: list[dict[str, Any]] = []
         self.ids: dict[torch.fx.Node, int] = {}
         self.next_id = 0
         #: Nodes whose algorithm is decided once input shapes are known
         #: (see :mod:`ai3.autotune.resolve`).
         self.pending: list[int] = []
-        #: Per node index (but those reading a list of inputs): where its
-        #: algorithm goes and which arguments are graph values.
-        self.layouts: dict[int, dict[str, Any]] = {}
 
     def tensor(self, t: Any) -> Any:
         # One private copy in the model's dtype, which the Rust side borrows without copying again.
@@ -125,7 +127,8 @@ class _Recipe:
         if n not in self.ids:
             if n.op != "get_attr":
                 raise UnsupportedOperationError([(n.name, "value used before it is computed")])
-            self.nodes.append(("constant", [n.name, self.tensor(self.lw.fetch(n.target))], {}))
+            tensor = self.tensor(self.lw.fetch(n.target))
+            self.nodes.append({"op": "constant", "name": n.name, "tensor": tensor})
             self.ids[n] = self.next_id
             self.next_id += 1
         return self.ids[n]
@@ -134,27 +137,21 @@ class _Recipe:
         """Appends ``s``; an algorithm not yet known (``'auto'``, a plan's) is left
         as its marker and the node listed in :attr:`pending`."""
         ids = [self.value(i) for i in s.inputs]
-        args: list[Any] = []
-        values: list[int] = []  # positions (after the name) holding one graph value
-        for a in s.args:
-            if isinstance(a, In):
-                values.append(len(args) + 1)
-                args.append(ids[a.k])
-            elif isinstance(a, str) and a == ALL_INPUTS:
-                args.append(ids)
-            elif isinstance(a, str) and a == ALGO:
-                algo_pos = len(args) + 1
-                args.append(algo)
-            else:
-                args.append(self.tensor(a))
+        params = {k: self.tensor(v) for k, v in s.params.items() if not isinstance(v, In)}
+        weights = {k: ids[v.k] for k, v in s.params.items() if isinstance(v, In)}
         name = str(s.node.target) if s.node.op == "call_module" else s.node.name
-        if ALL_INPUTS not in s.args:  # (no such operation has several algorithms to choose)
-            self.layouts[len(self.nodes)] = {"algo_pos": algo_pos, "values": values}
         if not isinstance(algo, str):
-            if ALL_INPUTS in s.args:
-                raise SelectorError(f"{s.op}: 'auto' and plans cannot choose for node '{name}'")
             self.pending.append(len(self.nodes))
-        self.nodes.append((s.method, [name, *args], dict(s.kwargs)))
+        self.nodes.append(
+            {
+                "op": s.op,
+                "name": name,
+                "inputs": [ids[i] for i in s.data_inputs()],
+                "params": params,
+                "weights": weights,
+                "algorithm": algo,
+            }
+        )
         self.ids[s.node] = self.next_id
         self.next_id += 1
 
@@ -275,7 +272,6 @@ def convert(
             "single_output": lw.single_output,
             "sample_input_shape": decide_for,
             "pending": recipe.pending,
-            "layouts": recipe.layouts,
         }
     )
 

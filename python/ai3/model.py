@@ -25,21 +25,29 @@ _GRAD_WARNING = (
 )
 
 
+def add_node(core: _core.Model, node: dict[str, Any], algorithm: str | None = None) -> None:
+    """Adds a recipe node (see ``ai3.convert``) to ``core``, running ``algorithm``
+    (default: the node's own)."""
+    if node["op"] == "constant":
+        core.constant(node["name"], node["tensor"])
+        return
+    params = {**node["params"], **node["weights"]}
+    algo = node["algorithm"] if algorithm is None else algorithm
+    try:
+        core.add(node["op"], node["name"], node["inputs"], params, algo)
+    except OverflowError as e:  # a negative size or count, which Rust takes unsigned
+        raise InvalidArgumentError(
+            f"{node['op']} at node '{node['name']}': an argument is negative or too large ({e})"
+        ) from e
+
+
 def _build(recipe: dict[str, Any]) -> _core.Model:
     """The Rust model of ``recipe``; nodes still pending ('auto', a plan) run
     ``'default'`` in it, as a provisional model."""
     core = _core.Model(recipe["dtype"], recipe["num_inputs"], copy_weights=False)
-    provisional = {i: recipe["layouts"][i]["algo_pos"] for i in recipe.get("pending") or []}
-    for i, (method, args, kwargs) in enumerate(recipe["nodes"]):
-        if i in provisional:
-            args = list(args)
-            args[provisional[i]] = "default"
-        try:
-            getattr(core, method)(*args, **kwargs)
-        except OverflowError as e:  # a negative size or count, which Rust takes unsigned
-            raise InvalidArgumentError(
-                f"{method} at node '{args[0]}': an argument is negative or too large ({e})"
-            ) from e
+    pending = set(recipe.get("pending") or [])
+    for i, node in enumerate(recipe["nodes"]):
+        add_node(core, node, "default" if i in pending else None)
     core.set_outputs(recipe["outputs"])
     return core
 
@@ -312,11 +320,11 @@ class Model:
 
     def _requested_table(self) -> str:
         """Without shapes only the requested algorithm is known ('default' resolves per shape)."""
-        steps = [(args, kw) for method, args, kw in self._recipe["nodes"] if method != "constant"]
+        steps = [s for s in self._recipe["nodes"] if s["op"] != "constant"]
         body = []
-        for (name, op), (args, kwargs) in zip(self._core.nodes(), steps, strict=True):
-            act = kwargs.get("activation")
-            body.append([name, op + (f"+{act[0]}" if act else ""), str(args[-1])])
+        for (name, op), step in zip(self._core.nodes(), steps, strict=True):
+            act = step["params"].get("activation")
+            body.append([name, op + (f"+{act[0]}" if act else ""), str(step["algorithm"])])
         return _table(["name", "op", "algorithm (requested)"], body)
 
     def __repr__(self) -> str:

@@ -136,10 +136,9 @@ class Conv2d(_Swapped):
         dtype = {torch.float32: "float32", torch.float64: "float64"}.get(orig.weight.dtype)
         if dtype is not None and isinstance(algorithm, str):
             s = self.spec
-            _core.Model(dtype, 1, copy_weights=False).conv2d(
-                "probe", 0, orig.weight.detach(), None, s.stride, s.padding, s.dilation,
-                s.groups, "zeros", algorithm,
-            )  # fmt: skip
+            params = {"weight": orig.weight.detach(), "stride": s.stride, "padding": s.padding}
+            params.update(dilation=s.dilation, groups=s.groups)
+            _core.Model(dtype, 1, copy_weights=False).add("conv2d", "probe", [0], params, algorithm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, batched = _as_batched(self.op, x)

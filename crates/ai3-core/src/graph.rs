@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Result};
-use crate::ops::Operation;
+use crate::ops::{build_node, Attrs, Operation};
 use crate::plan::{place, Interval};
-use crate::registry::{self, Candidate, DeviceKind};
+use crate::registry::{self, Candidate, DeviceKind, OpKind};
 use crate::tensor::{checked_bytes, contiguous_strides, shape_str, Tensor, ALIGNMENT};
 
 /// Index of a value (a graph input, a constant or a node's output).
@@ -166,6 +166,24 @@ impl Graph {
             .push(Source::Constant(self.constants.len() - 1));
         self.invalidate();
         Ok(self.num_values() - 1)
+    }
+
+    /// Appends node `op` reading `inputs`, with its parameters by name and the
+    /// algorithm selected (`"default"`, `"gemm"`, ...); returns the id of its
+    /// output value. Parameters are checked against the operation's
+    /// [`OpSpec`](crate::ops::OpSpec): an unknown, missing or mistyped one is
+    /// an error naming the operation.
+    pub fn add(
+        &mut self,
+        op: OpKind,
+        name: impl Into<String>,
+        inputs: Vec<ValueId>,
+        attrs: Attrs,
+        algorithm: &str,
+    ) -> Result<ValueId> {
+        let name = name.into();
+        let (node, reads) = build_node(op, inputs, attrs, algorithm, self.dtype)?;
+        self.push(name, node, reads)
     }
 
     /// Appends a node reading `inputs`; returns the id of its output value.

@@ -684,7 +684,7 @@ mod tests {
 
     #[test]
     fn every_operation_has_a_default() {
-        for op in OpKind::ALL {
+        for &op in OpKind::ALL {
             let problem = if op == OpKind::Conv2d {
                 conv(3, 1)
             } else {

@@ -47,6 +47,29 @@ fn selectable() -> Vec<(&'static str, Vec<&'static str>)> {
         .collect()
 }
 
+/// Every operation a model can hold, as `Model.add` takes it: `op`, `inputs`
+/// (`(min, max)`, `max` `None` for any number) and `params`, a list of
+/// `(name, kind, required)`.
+#[pyfunction]
+fn operations(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    OpKind::ALL
+        .iter()
+        .map(|&op| {
+            let spec = op.spec();
+            let d = PyDict::new(py);
+            d.set_item("op", op.name())?;
+            d.set_item("inputs", (spec.inputs.min, spec.inputs.max))?;
+            let params: Vec<_> = spec
+                .params
+                .iter()
+                .map(|p| (p.name, p.kind.name(), p.required))
+                .collect();
+            d.set_item("params", params)?;
+            Ok(d)
+        })
+        .collect()
+}
+
 /// Checks an algorithm name for an operation; raises `ai3.AlgorithmError` if unknown.
 #[pyfunction]
 fn check_algorithm(op: &str, algorithm: &str) -> PyResult<()> {
@@ -110,6 +133,7 @@ fn dlpack_roundtrip<'py>(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
+    m.add_function(wrap_pyfunction!(operations, m)?)?;
     m.add_function(wrap_pyfunction!(selectable, m)?)?;
     m.add_function(wrap_pyfunction!(check_algorithm, m)?)?;
     m.add_function(wrap_pyfunction!(runs_custom, m)?)?;

@@ -44,12 +44,10 @@ from . import (  # noqa: F401
     swapped,
 )
 from .calls import Sig, Unsupported
-from .lowerer import ALGO, ALL_INPUTS, Alias, In, Lowerer, Pieces, Step
+from .lowerer import Alias, In, Lowerer, Pieces, Step
 from .registry import FUNCTIONS, METHODS, MODULES, register
 
 __all__ = [
-    "ALGO",
-    "ALL_INPUTS",
     "FUNCTIONS",
     "METHODS",
     "MODULES",

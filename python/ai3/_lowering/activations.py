@@ -15,17 +15,19 @@ from .lowerer import Lowerer
 from .registry import register
 
 
-def _gelu_approximate(approximate: Any) -> list[float]:
+def _gelu_approximate(approximate: Any) -> dict[str, Any]:
     if approximate not in ("none", "tanh"):
         raise Unsupported(f"approximate={approximate!r} (PyTorch takes 'none' or 'tanh')")
-    return [1.0 if approximate == "tanh" else 0.0]
+    return {"approximate": approximate}
 
 
-def _hardtanh_params(min_val: Any, max_val: Any) -> list[float]:
-    return [as_float("min_val", min_val), as_float("max_val", max_val)]
+def _hardtanh_params(min_val: Any, max_val: Any) -> dict[str, Any]:
+    return {"min_val": as_float("min_val", min_val), "max_val": as_float("max_val", max_val)}
 
 
-def _act_module(kind: str, params: Callable[[nn.Module], list[float]] = lambda m: []) -> Callable:
+def _act_module(
+    kind: str, params: Callable[[nn.Module], dict[str, Any]] = lambda m: {}
+) -> Callable:
     def handler(lw: Lowerer, n, m, x) -> None:
         inplace = as_bool("inplace", getattr(m, "inplace", False))
         lw.activation(n, x, kind, params(m), module=m, inplace=inplace)
@@ -33,7 +35,7 @@ def _act_module(kind: str, params: Callable[[nn.Module], list[float]] = lambda m
     return handler
 
 
-def _act_fn(kind: str, sig: Sig = INPUT, params=lambda b: [], inplace=False) -> Callable:
+def _act_fn(kind: str, sig: Sig = INPUT, params=lambda b: {}, inplace=False) -> Callable:
     """An activation: ``inplace`` for ``x.relu_()``-like calls, else read from the
     call's ``inplace`` argument when it has one."""
 
@@ -54,7 +56,7 @@ _OUT = Sig("input, *, out", out=None, fixed="out")
 def _softmax_module(lw: Lowerer, n, m: nn.Softmax, x) -> None:
     if m.dim is None:
         raise Unsupported("Softmax without dim")
-    lw.unary(n, x, "softmax", "softmax", as_int("dim", m.dim), module=m)
+    lw.unary(n, x, "softmax", module=m, dim=as_int("dim", m.dim))
 
 
 def _softmax_fn(sig: Sig) -> Callable:
@@ -62,7 +64,7 @@ def _softmax_fn(sig: Sig) -> Callable:
         b = sig.bind(n)
         if b["dim"] is None:
             raise Unsupported("softmax without dim (PyTorch's implicit choice is deprecated)")
-        lw.unary(n, b["input"], "softmax", "softmax", as_int("dim", b["dim"]))
+        lw.unary(n, b["input"], "softmax", dim=as_int("dim", b["dim"]))
 
     return handler
 

@@ -9,13 +9,21 @@ from torch import nn
 
 from .. import _layers as L
 from .calls import Sig, Unsupported, as_int
-from .lowerer import ALGO, In, Lowerer
+from .lowerer import In, Lowerer
 from .registry import register
 
 
 def _conv(lw: Lowerer, n, inputs, w, bias, s: L.ConvSpec, module=None) -> None:
-    args = [In(0), w, bias, s.stride, s.padding, s.dilation, s.groups, s.padding_mode, ALGO]
-    lw.step(n, "conv2d", "conv2d", inputs, args, module)
+    params = {
+        "weight": w,
+        "bias": bias,
+        "stride": s.stride,
+        "padding": s.padding,
+        "dilation": s.dilation,
+        "groups": s.groups,
+        "padding_mode": s.padding_mode,
+    }
+    lw.step(n, "conv2d", inputs, params, module)
 
 
 def _conv_module(lw: Lowerer, n, m: nn.Conv2d, x) -> None:
@@ -24,7 +32,7 @@ def _conv_module(lw: Lowerer, n, m: nn.Conv2d, x) -> None:
 
 
 def _linear_module(lw: Lowerer, n, m: nn.Linear, x) -> None:
-    lw.step(n, "linear", "linear", [x], [In(0), m.weight, m.bias, ALGO], m)
+    lw.step(n, "linear", [x], {"weight": m.weight, "bias": m.bias}, m)
 
 
 _CONV = Sig(
@@ -59,7 +67,7 @@ _LINEAR = Sig("input, weight, bias", bias=None)
 def _linear_fn(lw: Lowerer, n) -> None:
     b = _LINEAR.bind(n)
     inputs, (w, bias) = lw.weight_args(b["input"], b["weight"], b["bias"])
-    lw.step(n, "linear", "linear", inputs, [In(0), w, bias, ALGO])
+    lw.step(n, "linear", inputs, {"weight": w, "bias": bias})
 
 
 register(

@@ -12,7 +12,7 @@ import torch
 
 from .. import _sizes as S
 from .calls import Sig, Unsupported, as_int
-from .lowerer import ALGO, ALL_INPUTS, Lowerer
+from .lowerer import Lowerer
 from .registry import register
 
 _BINARY_NAMES = {
@@ -30,14 +30,12 @@ _BINARY_NAMES = {
 def _binary(lw: Lowerer, n, kind: str, a: Any, b: Any) -> None:
     ta, tb = lw.is_value(a), lw.is_value(b)
     if ta and tb:
-        lw.step(n, kind, "binary", [a, b], [kind, ALL_INPUTS, None, False, ALGO])
+        lw.step(n, kind, [a, b])
     elif ta or tb:
         scalar = b if ta else a
         if isinstance(scalar, bool) or not isinstance(scalar, int | float):
             raise Unsupported(f"operand {scalar!r} is neither a tensor nor a number")
-        lw.step(
-            n, kind, "binary", [a if ta else b], [kind, ALL_INPUTS, float(scalar), not ta, ALGO]
-        )
+        lw.step(n, kind, [a if ta else b], {"scalar": float(scalar), "scalar_first": not ta})
     elif kind in ("add", "sub", "mul"):
         name = S.OPERATORS.get(n.target, kind)
         lw.kind[n] = S.BinOp(name, lw.size(a), lw.size(b))
@@ -105,7 +103,7 @@ def _cat_fn(lw: Lowerer, n) -> None:
     parts = b["tensors"]
     if not isinstance(parts, list | tuple):
         raise Unsupported(f"tensors={parts!r}: expected a list or tuple of tensors")
-    lw.step(n, "cat", "cat", list(parts), [ALL_INPUTS, as_int("dim", b["dim"]), ALGO])
+    lw.step(n, "cat", list(parts), {"dim": as_int("dim", b["dim"])})
 
 
 register(

@@ -33,28 +33,31 @@ from .registry import FUNCTIONS, METHODS, MODULES
 
 @dataclass(frozen=True)
 class In:
-    """Placeholder in :attr:`Step.args` for the value id of input ``k``."""
+    """A weight parameter read from the step's input ``k``, a graph value
+    (``F.conv2d(x, w)`` with ``w`` an argument of ``forward``)."""
 
     k: int
 
 
-#: Placeholder in :attr:`Step.args` for the list of all input value ids.
-ALL_INPUTS = "__all_inputs__"
-#: Placeholder in :attr:`Step.args` for the selected algorithm.
-ALGO = "__algorithm__"
-
-
 @dataclass
 class Step:
-    """One ai3 node: ``getattr(core_model, method)(name, *args, **kwargs)``."""
+    """One ai3 node: ``core.add(op, name, inputs, params, algorithm)``.
+
+    ``inputs`` are the fx nodes it reads. A weight read from one of them is
+    ``In(k)`` in ``params``; the others are the node's inputs, in order.
+    ``params`` are the operation's parameters by name (see
+    ``ai3._core.operations()``); ``None`` leaves one out."""
 
     node: torch.fx.Node
     op: str
-    method: str
     inputs: list[torch.fx.Node]
-    args: list[Any]
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
     module: nn.Module | None = None
+
+    def data_inputs(self) -> list[int]:
+        """Indices in :attr:`inputs` of the node's inputs (those not read as weights)."""
+        weights = {p.k for p in self.params.values() if isinstance(p, In)}
+        return [i for i in range(len(self.inputs)) if i not in weights]
 
 
 @dataclass(frozen=True)
@@ -257,26 +260,33 @@ class Lowerer:
     # ---- steps -----------------------------------------------------------------------------
 
     def step(
-        self, n, op, method, inputs, args, module=None, inplace=False, shapes=(), **kwargs
+        self,
+        n: torch.fx.Node,
+        op: str,
+        inputs: list[Any],
+        params: dict[str, Any] | None = None,
+        module: nn.Module | None = None,
+        inplace: bool = False,
+        shapes: tuple[Any, ...] = (),
     ) -> None:
         """Adds the ai3 node computing ``n`` from ``inputs``, and from ``shapes``:
         tensors it reads only the shapes of. ``inplace``: ``n`` changes ``inputs[0]``."""
         if inplace:
             self._check_mutable(inputs[0])
         read = [self.tensor(i) for i in inputs] + [self.shape_source(i) for i in shapes]
-        self.steps.append(Step(n, op, method, read, args, kwargs, module))
+        self.steps.append(Step(n, op, read, dict(params or {}), module))
         self.kind[n] = _TENSOR
         if inplace:
             self._mutated(n, inputs[0])
 
-    def unary(self, n, x, op, method, *args, module=None, inplace=False) -> None:
-        self.step(n, op, method, [x], [In(0), *args, ALGO], module, inplace)
+    def unary(self, n, x, op: str, module=None, inplace=False, **params) -> None:
+        """A step reading only ``x``, with these parameters."""
+        self.step(n, op, [x], params, module, inplace)
 
-    def activation(self, n, x, kind: str, params: list[float], module=None, inplace=False) -> None:
-        if kind == "relu":
-            self.unary(n, x, "relu", "relu", module=module, inplace=inplace)
-        else:
-            self.unary(n, x, kind, "activation", kind, params, module=module, inplace=inplace)
+    def activation(
+        self, n, x, kind: str, params: dict[str, Any], module=None, inplace=False
+    ) -> None:
+        self.step(n, kind, [x], params, module, inplace)
 
     # ---- the walk --------------------------------------------------------------------------
 

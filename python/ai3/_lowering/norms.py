@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .calls import Sig, Unsupported, as_bool, as_float, as_ints
-from .lowerer import ALGO, In, Lowerer
+from .lowerer import Lowerer
 from .registry import register
 
 
@@ -25,13 +25,14 @@ def _bn_module(lw: Lowerer, n, m: nn.BatchNorm2d, x) -> None:
             "BatchNorm without running statistics (track_running_stats=False), "
             "which normalises with the batch's statistics even in eval mode"
         )
-    args = [In(0), m.weight, m.bias, m.running_mean, m.running_var, float(m.eps), ALGO]
-    lw.step(n, "batchnorm2d", "batchnorm2d", [x], args, m)
+    params = {"weight": m.weight, "bias": m.bias, "eps": float(m.eps)}
+    params.update(running_mean=m.running_mean, running_var=m.running_var)
+    lw.step(n, "batchnorm2d", [x], params, m)
 
 
 def _layernorm_module(lw: Lowerer, n, m: nn.LayerNorm, x) -> None:
-    args = [In(0), list(m.normalized_shape), m.weight, m.bias, float(m.eps), ALGO]
-    lw.step(n, "layernorm", "layernorm", [x], args, m)
+    params = {"normalized_shape": list(m.normalized_shape), "eps": float(m.eps)}
+    lw.step(n, "layernorm", [x], {**params, "weight": m.weight, "bias": m.bias}, m)
 
 
 def _batchnorm_fn(sig: Sig) -> Callable:
@@ -47,8 +48,8 @@ def _batchnorm_fn(sig: Sig) -> Callable:
         inputs, (w, bias, mean, var) = lw.weight_args(
             b["input"], b["weight"], b["bias"], b["running_mean"], b["running_var"]
         )
-        args = [In(0), w, bias, mean, var, as_float("eps", b["eps"]), ALGO]
-        lw.step(n, "batchnorm2d", "batchnorm2d", inputs, args)
+        params = {"weight": w, "bias": bias, "eps": as_float("eps", b["eps"])}
+        lw.step(n, "batchnorm2d", inputs, {**params, "running_mean": mean, "running_var": var})
 
     return handler
 
@@ -75,8 +76,8 @@ def _layernorm_fn(sig: Sig) -> Callable:
         b = sig.bind(n)
         inputs, (w, bias) = lw.weight_args(b["input"], b["weight"], b["bias"])
         shape = as_ints("normalized_shape", b["normalized_shape"])
-        args = [In(0), shape, w, bias, as_float("eps", b["eps"]), ALGO]
-        lw.step(n, "layernorm", "layernorm", inputs, args)
+        params = {"normalized_shape": shape, "eps": as_float("eps", b["eps"])}
+        lw.step(n, "layernorm", inputs, {**params, "weight": w, "bias": bias})
 
     return handler
 

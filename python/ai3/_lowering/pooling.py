@@ -16,13 +16,14 @@ from .registry import register
 
 
 def _maxpool(lw: Lowerer, n, x, p: L.PoolSpec, module=None) -> None:
-    window = (p.kernel, p.stride, p.padding, p.dilation, p.ceil_mode)
-    lw.unary(n, x, "maxpool2d", "maxpool2d", *window, module=module)
+    window = {"kernel_size": p.kernel, "stride": p.stride, "padding": p.padding}
+    lw.unary(n, x, "maxpool2d", module, dilation=p.dilation, ceil_mode=p.ceil_mode, **window)
 
 
 def _avgpool(lw: Lowerer, n, x, p: L.PoolSpec, include_pad, divisor, module=None) -> None:
-    window = (p.kernel, p.stride, p.padding, p.ceil_mode)
-    lw.unary(n, x, "avgpool2d", "avgpool2d", *window, include_pad, divisor, module=module)
+    window = {"kernel_size": p.kernel, "stride": p.stride, "padding": p.padding}
+    options = {"count_include_pad": include_pad, "divisor_override": divisor}
+    lw.unary(n, x, "avgpool2d", module, ceil_mode=p.ceil_mode, **window, **options)
 
 
 def _maxpool_module(lw: Lowerer, n, m: nn.MaxPool2d, x) -> None:
@@ -40,7 +41,7 @@ def _adaptive_module(op: str) -> Callable:
     def handler(lw: Lowerer, n, m, x) -> None:
         if getattr(m, "return_indices", False):
             raise Unsupported("return_indices=True")
-        lw.unary(n, x, op, op, L.adaptive_size(m.output_size), module=m)
+        lw.unary(n, x, op, module=m, output_size=L.adaptive_size(m.output_size))
 
     return handler
 
@@ -101,7 +102,7 @@ def _avgpool_fn(lw: Lowerer, n) -> None:
 def _adaptive_fn(op: str, sig: Sig) -> Callable:
     def handler(lw: Lowerer, n) -> None:
         b = sig.bind(n)
-        lw.unary(n, b["input"], op, op, L.adaptive_size(b["output_size"]))
+        lw.unary(n, b["input"], op, output_size=L.adaptive_size(b["output_size"]))
 
     return handler
 
@@ -119,7 +120,7 @@ def _mean_fn(sig: Sig) -> Callable:
     def handler(lw: Lowerer, n) -> None:
         b = sig.bind(n)
         dims = [] if b["dim"] is None else as_ints("dim", b["dim"])
-        lw.unary(n, b["input"], "mean", "mean", dims, as_bool("keepdim", b["keepdim"]))
+        lw.unary(n, b["input"], "mean", dims=dims, keepdim=as_bool("keepdim", b["keepdim"]))
 
     return handler
 

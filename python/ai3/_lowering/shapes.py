@@ -17,13 +17,13 @@ from torch import nn
 
 from .. import _sizes as S
 from .calls import Sig, Unsupported, as_int, as_ints
-from .lowerer import ALGO, ALL_INPUTS, OPAQUE, Lowerer, Pieces
+from .lowerer import OPAQUE, Lowerer, Pieces
 from .registry import register
 
 
 def _flatten(lw: Lowerer, n, x, start_dim, end_dim, module=None) -> None:
     start, end = as_int("start_dim", start_dim), as_int("end_dim", end_dim)
-    lw.unary(n, x, "flatten", "flatten", start, end, module=module)
+    lw.unary(n, x, "flatten", module, start_dim=start, end_dim=end)
     lw.view(n, x)
 
 
@@ -48,7 +48,7 @@ def _permute(sig: Sig) -> Callable:
         dims = b["dims"]
         if sig.varargs and len(dims) == 1 and isinstance(dims[0], list | tuple):
             dims = dims[0]
-        lw.unary(n, b["input"], "permute", "permute", as_ints("dims", dims))
+        lw.unary(n, b["input"], "permute", dims=as_ints("dims", dims))
         lw.view(n, b["input"])
 
     return handler
@@ -61,7 +61,7 @@ def _transpose(lw: Lowerer, n) -> None:
     b = _TRANSPOSE.bind(n)
     # The input's rank is unknown until run time, so the two axes go to Rust as they are.
     d0, d1 = as_int("dim0", b["dim0"]), as_int("dim1", b["dim1"])
-    lw.unary(n, b["input"], "permute", "transpose", d0, d1)
+    lw.unary(n, b["input"], "permute", dim0=d0, dim1=d1)
     lw.view(n, b["input"])
 
 
@@ -90,7 +90,7 @@ def _reshape(sig: Sig, name: str) -> Callable:
                     extra.append(m)
         index = {data: 0, **{m: i + 1 for i, m in enumerate(extra)}}
         spec = [S.encode(e, index) for e in exprs]
-        lw.step(n, "reshape", "reshape", [data], [ALL_INPUTS, spec, ALGO], shapes=extra)
+        lw.step(n, "reshape", [data], {"shape": spec}, shapes=tuple(extra))
         lw.view(n, x)
 
     return handler
@@ -143,7 +143,8 @@ def _getitem(lw: Lowerer, n) -> None:
                 f"index {idx} counted from the end of a chunk/split whose number of pieces "
                 "depends on the input's size"
             )
-        lw.unary(n, k.node, "slice", "slice", k.dim, idx, k.chunks, k.split_size, k.sections)
+        how = {"chunks": k.chunks, "split_size": k.split_size, "sections": k.sections}
+        lw.unary(n, k.node, "slice", dim=k.dim, index=idx, **how)
         lw.view(n, src)
     else:
         raise Unsupported("indexing (only chunk/split pieces and sizes can be indexed)")

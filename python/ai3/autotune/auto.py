@@ -152,15 +152,14 @@ def available(op: str) -> list[str]:
 
 @dataclass
 class Node:
-    """One node of a recipe, ready to be built on its own: ``values`` are the
-    positions of its graph-value arguments (their shapes are ``shapes``),
-    ``algo_pos`` the position of its algorithm."""
+    """One node of a recipe, ready to be built on its own: its inputs and
+    then its weights read from graph values (``weights``, by parameter name)
+    become the inputs of a one-node model; ``shapes`` are theirs, in that order."""
 
-    method: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    values: list[int]
-    algo_pos: int
+    op: str
+    params: dict[str, Any]
+    num_inputs: int
+    weights: list[str]
     shapes: list[list[int]]
     dtype: str
 
@@ -168,13 +167,11 @@ class Node:
         """A model of this node alone running ``algorithm``, its inputs the values."""
         dtype = dtype or self.dtype
         to = getattr(torch, dtype)
-        args = [a.to(to) if isinstance(a, torch.Tensor) else a for a in self.args]
-        for j, pos in enumerate(self.values):
-            args[pos] = j
-        args[self.algo_pos] = algorithm
-        core = _core.Model(dtype, len(self.values), copy_weights=True)
-        getattr(core, self.method)(*args, **self.kwargs)
-        core.set_outputs([len(self.values)])
+        params = {k: v.to(to) if isinstance(v, torch.Tensor) else v for k, v in self.params.items()}
+        params.update({k: self.num_inputs + j for j, k in enumerate(self.weights)})
+        core = _core.Model(dtype, len(self.shapes), copy_weights=True)
+        core.add(self.op, self.op, list(range(self.num_inputs)), params, algorithm)
+        core.set_outputs([len(self.shapes)])
         return core
 
     def inputs(self, dtype: str | None = None) -> list[torch.Tensor]:
@@ -300,7 +297,7 @@ def _time(node: Node, wanted: list[dict[str, Any]], auto: Auto, progress: Any = 
         elif name in cores:
             m["seconds"], m["calls"] = warm[name], 1
         if progress is not None:
-            progress.step(f"{node.method} {name}")
+            progress.step(f"{node.op} {name}")
 
 
 def choose(

@@ -63,7 +63,7 @@ def _flops(sig: dict[str, Any], output_shape: Sequence[int]) -> float | None:
     one weight row (``in_channels/groups x kernel`` or ``in_features``)."""
     if sig["op"] not in ("conv2d", "linear"):
         return None
-    w = sig["params"][1]
+    w = sig["params"].get("weight")
     wshape = w["tensor"] if isinstance(w, dict) else sig["input_shapes"][1]
     row = 1
     for d in wshape[1:]:
@@ -164,7 +164,7 @@ def explore(
                     name=layer.name,
                     op=layer.op,
                     params=sig["params"],
-                    fused=sig["kwargs"].get("activation"),
+                    fused=sig["params"].get("activation"),
                     input_shape=sig["input_shapes"][0],
                     torch_ms=(
                         _torch_layer_ms(module, layer.name, sig["input_shapes"], tdtype, repeat)

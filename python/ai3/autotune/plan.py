@@ -25,7 +25,7 @@ from .signature import layer_key, machine
 
 #: The ``format`` field of a plan file, and the version this ai3 writes and reads.
 FORMAT = "ai3-plan"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass
@@ -198,7 +198,7 @@ def match(plan: Plan, index: int, name: str, signature: dict[str, Any]) -> str:
         what = []
         if layer.name != name:
             what.append(f"name '{layer.name}' in the plan, '{name}' in the model")
-        for k in ("op", "params", "kwargs", "input_shapes", "dtype", "device"):
+        for k in ("op", "params", "input_shapes", "dtype", "device"):
             if mine.get(k) != theirs.get(k):
                 what.append(f"{k} {theirs.get(k)} in the plan, {mine.get(k)} in the model")
         raise PlanError(

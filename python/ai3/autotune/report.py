@@ -39,7 +39,7 @@ class LayerResult:
 
     name: str
     op: str
-    params: list[Any]
+    params: dict[str, Any]
     fused: Any
     input_shape: list[int]
     torch_ms: float | None
@@ -51,14 +51,12 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def _params_text(op: str, params: list[Any]) -> str:
-    """A short description: the weight shape, then the scalar hyperparameters."""
-    parts = []
-    for p in params[1:]:
-        if isinstance(p, dict) and "tensor" in p:
-            parts.append("x".join(map(str, p["tensor"])))
-            break
-    return " ".join(parts) or op
+def _params_text(op: str, params: dict[str, Any]) -> str:
+    """A short description: the weight's shape, else the operation."""
+    w = params.get("weight")
+    if isinstance(w, dict) and "tensor" in w:
+        return "x".join(map(str, w["tensor"]))
+    return op
 
 
 @dataclass

@@ -1,10 +1,9 @@
 """Deciding a converted model's pending layers: those whose selector said
 ``'auto'`` (timed, see :mod:`.auto`) or ``plan=`` (looked up, see :mod:`.plan`).
 
-``convert`` leaves such a layer's algorithm as a marker in the recipe and
-lists the node's index under ``recipe["pending"]``; ``recipe["layouts"]``
-says, per node, where its algorithm goes and which of its arguments are graph
-values. Once the input shapes are known (``sample_input_shape``, a plan's
+``convert`` leaves such a layer's algorithm as a marker in the recipe
+(its node's ``"algorithm"``) and lists the node's index under
+``recipe["pending"]``. Once the input shapes are known (``sample_input_shape``, a plan's
 shapes, or the first call), :func:`resolve` gives every pending layer its
 algorithm, records what was measured under ``recipe["decisions"]`` and, when
 'auto' changed 'default''s choices, the network check under
@@ -44,32 +43,29 @@ def _value_shapes(
     """Every value id's shape: the inputs, the constants, the nodes' outputs."""
     shapes = {i: list(s) for i, s in enumerate(input_shapes)}
     rows_iter = iter(rows)
-    for offset, (method, args, _) in enumerate(recipe["nodes"]):
+    for offset, node in enumerate(recipe["nodes"]):
         vid = recipe["num_inputs"] + offset
-        shapes[vid] = (
-            list(args[1].shape) if method == "constant" else next(rows_iter)["output_shape"]
-        )
+        constant = node["op"] == "constant"
+        shapes[vid] = list(node["tensor"].shape) if constant else next(rows_iter)["output_shape"]
     return shapes
 
 
 def rows_by_node(recipe: dict[str, Any], rows: list[dict[str, Any]]) -> dict[int, dict]:
     """Summary rows by node index (constants have none)."""
     it = iter(rows)
-    return {i: next(it) for i, (method, _, _) in enumerate(recipe["nodes"]) if method != "constant"}
+    return {i: next(it) for i, node in enumerate(recipe["nodes"]) if node["op"] != "constant"}
 
 
 def _signature(recipe: dict[str, Any], index: int, shapes: dict[int, list[int]]) -> tuple:
     """Node ``index`` as a :class:`Node` with its name and signature."""
-    method, args, kwargs = recipe["nodes"][index]
-    layout = recipe["layouts"][index]
+    step = recipe["nodes"][index]
+    values = [*step["inputs"], *step["weights"].values()]
     node = Node(
-        method, args, kwargs, layout["values"], layout["algo_pos"],
-        [shapes[args[v]] for v in layout["values"]], recipe["dtype"],
+        step["op"], step["params"], len(step["inputs"]), list(step["weights"]),
+        [shapes[v] for v in values], recipe["dtype"],
     )  # fmt: skip
-    sig = node_signature(
-        method, args, kwargs, node.values, node.algo_pos, node.shapes, recipe["dtype"]
-    )
-    return node, args[0], sig
+    sig = node_signature(node.op, node.params, node.weights, node.shapes, recipe["dtype"])
+    return node, step["name"], sig
 
 
 def resolve(
@@ -94,7 +90,8 @@ def resolve(
     check = False
     for index in pending:
         node, name, sig = _signature(recipe, index, shapes)
-        marker = node.args[node.algo_pos]
+        step = recipe["nodes"][index]
+        marker = step["algorithm"]
         measured = None
         if isinstance(marker, FromPlan):
             plan, i = used.get(id(marker.plan), (marker.plan, 0))
@@ -102,14 +99,14 @@ def resolve(
             used[id(plan)] = (plan, i + 1)
         else:
             measured = measure(node, sig, marker)
-            what = f"{node.method} at node '{name}' (input of shape {list(node.shapes[0])})"
+            what = f"{node.op} at node '{name}' (input of shape {list(node.shapes[0])})"
             algo = choose(measured, marker, dtype, what, default_rows[index]["algorithm"])
             incumbent = default_rows[index]["algorithm"]
             if algo != incumbent and admissible(measured.get(incumbent), marker, dtype):
                 switched[index] = incumbent
                 check |= marker.check_network
-        node.args[node.algo_pos] = algo  # the recipe's own list
-        decisions.append({"name": name, "op": node.method, "measurements": measured})
+        step["algorithm"] = algo
+        decisions.append({"name": name, "op": node.op, "measurements": measured})
     for plan, n in used.values():
         check_complete(plan, n)
     recipe["pending"] = []
@@ -135,9 +132,9 @@ def _check_network(
     they often are not, so an algorithm with a larger footprint can win alone
     and lose in place. Returns what was measured and kept."""
     tuned = build(recipe)
-    chosen = {i: recipe["nodes"][i][1][recipe["layouts"][i]["algo_pos"]] for i in switched}
+    chosen = {i: recipe["nodes"][i]["algorithm"] for i in switched}
     for i, algo in switched.items():
-        recipe["nodes"][i][1][recipe["layouts"][i]["algo_pos"]] = algo
+        recipe["nodes"][i]["algorithm"] = algo
     baseline = build(recipe)
     inputs = random_inputs(input_shapes, getattr(torch, recipe["dtype"]))
     ms = interleaved_ms(
@@ -147,7 +144,7 @@ def _check_network(
     kept = ms["auto"] < ms["default"]
     if kept:
         for i, algo in chosen.items():
-            recipe["nodes"][i][1][recipe["layouts"][i]["algo_pos"]] = algo
+            recipe["nodes"][i]["algorithm"] = algo
     return {"auto_ms": ms["auto"], "default_ms": ms["default"], "kept": kept,
             "layers": len(switched)}  # fmt: skip
 
@@ -160,15 +157,15 @@ def plan_layers(
     the algorithm that runs for these shapes and any measurements."""
     decisions = recipe.get("decisions") or []
     ops = {d["op"] for d in decisions} or {
-        method for method, _, _ in recipe["nodes"] if len(available(method)) > 1
+        node["op"] for node in recipe["nodes"] if len(available(node["op"])) > 1
     }
     measured = {d["name"]: d["measurements"] for d in decisions}
     rows = core.summary(input_shapes)
     shapes = _value_shapes(recipe, rows, input_shapes)
     algorithm_of = {i: r["algorithm"] for i, r in rows_by_node(recipe, rows).items()}
     layers = []
-    for i, (method, _, _) in enumerate(recipe["nodes"]):
-        if method in ops and i in recipe["layouts"]:
+    for i, node in enumerate(recipe["nodes"]):
+        if node["op"] in ops:
             _, name, sig = _signature(recipe, i, shapes)
-            layers.append(PlanLayer(name, method, sig, algorithm_of[i], measured.get(name)))
+            layers.append(PlanLayer(name, node["op"], sig, algorithm_of[i], measured.get(name)))
     return layers

@@ -21,14 +21,14 @@ import torch
 
 from .. import threads
 
-#: The keyword of a node that names its fused activation: part of the timing
+#: The parameter naming a node's fused activation: part of the timing
 #: signature (the epilogue runs inside the timed kernel), not of a plan's layer
 #: (a swapped layer and a converted one with a fused ReLU are the same layer).
 _FUSED = "activation"
-#: Where an operation's bias sits among a signature's ``params``: also an
-#: epilogue, and ``convert`` gives a convolution one when it folds the
-#: BatchNorm after it, which the same layer swapped alone does not have.
-_BIAS = {"conv2d": 2, "linear": 2}
+#: Operations whose bias is also an epilogue: ``convert`` gives a convolution
+#: one when it folds the BatchNorm after it, which the same layer swapped alone
+#: does not have.
+_BIASED = ("conv2d", "linear")
 
 
 def describe_arg(a: Any) -> Any:
@@ -43,30 +43,22 @@ def describe_arg(a: Any) -> Any:
 
 
 def node_signature(
-    method: str,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    values: Sequence[int],
-    algo_pos: int,
+    op: str,
+    params: dict[str, Any],
+    weights: Sequence[str],
     input_shapes: Sequence[Sequence[int]],
     dtype: str,
 ) -> dict[str, Any]:
-    """The signature of a recipe node ``(method, [name, *args], kwargs)``.
-
-    ``values`` are the positions in ``args`` that hold graph values (their
-    shapes, in that order, are ``input_shapes``); ``algo_pos`` is where the
-    algorithm goes. The node's name is not part of it: two layers alike in
-    everything else share their timings.
+    """The signature of a recipe node of ``op`` with these parameters (tensors
+    by shape) and weight parameters read from graph values (``weights``);
+    ``input_shapes`` are its inputs' and then those weights'. The node's name
+    is not part of it: two layers alike in everything else share their timings.
     """
-    params = []
-    for i, a in enumerate(args):
-        if i == 0 or i == algo_pos:
-            continue
-        params.append("value" if i in values else describe_arg(a))
+    described = {k: describe_arg(v) for k, v in params.items()}
+    described.update(dict.fromkeys(weights, "value"))
     return {
-        "op": method,
-        "params": params,
-        "kwargs": {k: describe_arg(v) for k, v in sorted(kwargs.items())},
+        "op": op,
+        "params": dict(sorted(described.items())),
         "input_shapes": [list(s) for s in input_shapes],
         "dtype": dtype,
         "device": "cpu",  # every ai3 model runs on the CPU so far
@@ -76,12 +68,10 @@ def node_signature(
 def layer_key(signature: dict[str, Any]) -> dict[str, Any]:
     """The part of a signature a plan matches a layer on: all but the epilogue
     (the fused activation and the bias)."""
-    kwargs = {k: v for k, v in signature["kwargs"].items() if k != _FUSED}
-    params = list(signature["params"])
-    bias = _BIAS.get(signature["op"])
-    if bias is not None and bias < len(params):
-        params[bias] = "bias?"
-    return {**signature, "kwargs": kwargs, "params": params}
+    params = {k: v for k, v in signature["params"].items() if k != _FUSED}
+    if signature["op"] in _BIASED:
+        params["bias"] = "bias?"
+    return {**signature, "params": params}
 
 
 @functools.cache

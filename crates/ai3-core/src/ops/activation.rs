@@ -5,6 +5,7 @@ use ai3_kernels::cpu::activation::{map, map_inplace};
 use ai3_kernels::custom;
 use ai3_kernels::Float;
 
+use super::attrs::{optional, Args, Arity, Attrs, OpSpec, ParamKind as K};
 use super::{custom_result, kernel_result, simple_algorithm, single, with_dtype, Operation};
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind, Request};
@@ -87,70 +88,54 @@ impl ActivationKind {
         }
     }
 
-    /// Parses an operation name and its parameters, as the Python layer passes them:
-    /// `hardtanh` takes `[min_val, max_val]` (default `[-1, 1]`), `gelu` takes
-    /// `[]` or `[0]` for the exact form and `[1]` for `approximate='tanh'`,
-    /// every other activation takes no parameter.
+    /// The activation a node of operation `a.op()` computes, from its
+    /// parameters: `hardtanh`'s `min_val` and `max_val` (default -1 and 1),
+    /// `gelu`'s `approximate` (`'none'` or `'tanh'`).
+    pub fn from_args(a: &Args) -> Result<Self> {
+        let kind = match a.op() {
+            OpKind::Relu => ActivationKind::Relu,
+            OpKind::Relu6 => ActivationKind::Relu6,
+            OpKind::Hardswish => ActivationKind::Hardswish,
+            OpKind::Hardsigmoid => ActivationKind::Hardsigmoid,
+            OpKind::Silu => ActivationKind::Silu,
+            OpKind::Sigmoid => ActivationKind::Sigmoid,
+            OpKind::Tanh => ActivationKind::Tanh,
+            OpKind::Hardtanh => ActivationKind::Hardtanh {
+                min: a.float_or("min_val", -1.0)?,
+                max: a.float_or("max_val", 1.0)?,
+            },
+            OpKind::Gelu => match a.str_or("approximate", "none")? {
+                "none" => ActivationKind::Gelu { tanh: false },
+                "tanh" => ActivationKind::Gelu { tanh: true },
+                other => {
+                    return Err(Error::invalid(
+                        "gelu",
+                        format!("approximate must be 'none' or 'tanh', got '{other}'"),
+                    ))
+                }
+            },
+            other => return Err(not_an_activation(other)),
+        };
+        kind.check()?;
+        Ok(kind)
+    }
+
+    /// The activation `op` with parameters `attrs`, as fused into another node.
     ///
     /// ```
-    /// use ai3_core::ops::ActivationKind;
-    /// let k = ActivationKind::from_name("hardtanh", &[0.0, 6.0]).unwrap();
+    /// use ai3_core::ops::{ActivationKind, Attr, Attrs};
+    /// use ai3_core::OpKind;
+    /// let attrs = Attrs::new().with("min_val", Attr::Float(0.0)).with("max_val", Attr::Float(6.0));
+    /// let k = ActivationKind::from_attrs(OpKind::Hardtanh, attrs).unwrap();
     /// assert_eq!(k, ActivationKind::Hardtanh { min: 0.0, max: 6.0 });
-    /// assert!(ActivationKind::from_name("gelu", &[1.0, 2.0]).is_err());
+    /// assert!(ActivationKind::from_attrs(OpKind::Conv2d, Attrs::new()).is_err());
     /// ```
-    pub fn from_name(name: &str, params: &[f64]) -> Result<Self> {
-        let no_params = |k: ActivationKind| {
-            if params.is_empty() {
-                Ok(k)
-            } else {
-                Err(Error::invalid(
-                    name,
-                    format!("takes no parameters, got {params:?}"),
-                ))
-            }
-        };
-        match name {
-            "relu" => no_params(ActivationKind::Relu),
-            "relu6" => no_params(ActivationKind::Relu6),
-            "hardswish" => no_params(ActivationKind::Hardswish),
-            "hardsigmoid" => no_params(ActivationKind::Hardsigmoid),
-            "silu" => no_params(ActivationKind::Silu),
-            "sigmoid" => no_params(ActivationKind::Sigmoid),
-            "tanh" => no_params(ActivationKind::Tanh),
-            "hardtanh" => {
-                let kind = match *params {
-                    [] => ActivationKind::Hardtanh {
-                        min: -1.0,
-                        max: 1.0,
-                    },
-                    [min, max] => ActivationKind::Hardtanh { min, max },
-                    _ => {
-                        return Err(Error::invalid(
-                            name,
-                            format!("takes [min_val, max_val], got {params:?}"),
-                        ))
-                    }
-                };
-                kind.check()?;
-                Ok(kind)
-            }
-            "gelu" => match *params {
-                [] => Ok(ActivationKind::Gelu { tanh: false }),
-                [v] if v == 0.0 || v == 1.0 => Ok(ActivationKind::Gelu { tanh: v == 1.0 }),
-                _ => Err(Error::invalid(
-                    name,
-                    format!(
-                        "takes [] or [0] (approximate='none') or [1] (approximate='tanh'), got {params:?}"
-                    ),
-                )),
-            },
-            other => Err(Error::invalid(
-                "activation",
-                format!(
-                    "unknown activation '{other}'; choose one of relu, relu6, hardtanh, hardswish, hardsigmoid, silu, sigmoid, gelu, tanh"
-                ),
-            )),
+    pub fn from_attrs(op: OpKind, attrs: Attrs) -> Result<Self> {
+        if !ACTIVATIONS.contains(&op) {
+            return Err(not_an_activation(op));
         }
+        op.spec().check(op, &attrs, 1)?;
+        ActivationKind::from_args(&Args::new(op, attrs, Request::Default, 1))
     }
 
     fn check(&self) -> Result<()> {
@@ -243,23 +228,100 @@ impl Operation for Activation {
     }
 }
 
+/// The operations that are activations (and can be fused into another node).
+const ACTIVATIONS: [OpKind; 9] = [
+    OpKind::Relu,
+    OpKind::Relu6,
+    OpKind::Hardtanh,
+    OpKind::Hardswish,
+    OpKind::Hardsigmoid,
+    OpKind::Silu,
+    OpKind::Sigmoid,
+    OpKind::Gelu,
+    OpKind::Tanh,
+];
+
+fn not_an_activation(op: OpKind) -> Error {
+    Error::invalid(
+        op.name(),
+        "is not an activation; choose one of relu, relu6, hardtanh, hardswish, hardsigmoid, \
+         silu, sigmoid, gelu, tanh",
+    )
+}
+
+/// An activation without parameters.
+const PLAIN: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[],
+    build: build_activation,
+};
+
+fn build_activation(a: &mut Args) -> Result<Box<dyn Operation>> {
+    let kind = ActivationKind::from_args(a)?;
+    Ok(Box::new(Activation::new(kind)?.with_request(a.request)?))
+}
+
+/// `relu`.
+pub const RELU: OpSpec = PLAIN;
+/// `relu6`.
+pub const RELU6: OpSpec = PLAIN;
+/// `hardswish`.
+pub const HARDSWISH: OpSpec = PLAIN;
+/// `hardsigmoid`.
+pub const HARDSIGMOID: OpSpec = PLAIN;
+/// `silu`.
+pub const SILU: OpSpec = PLAIN;
+/// `sigmoid`.
+pub const SIGMOID: OpSpec = PLAIN;
+/// `tanh`.
+pub const TANH: OpSpec = PLAIN;
+/// `hardtanh`: `min_val` (default -1) and `max_val` (default 1).
+pub const HARDTANH: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[optional("min_val", K::Float), optional("max_val", K::Float)],
+    build: build_activation,
+};
+/// `gelu`: `approximate`, `'none'` (the default) or `'tanh'`.
+pub const GELU: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[optional("approximate", K::Str)],
+    build: build_activation,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dtype::DType;
+    use crate::ops::Attr;
 
     #[test]
     fn parses_every_activation_and_rejects_bad_params() {
-        for op in OpKind::ALL {
-            if let Ok(k) = ActivationKind::from_name(op.name(), &[]) {
+        let mut activations = 0;
+        for &op in OpKind::ALL {
+            if let Ok(k) = ActivationKind::from_attrs(op, Attrs::new()) {
                 assert_eq!(k.op_kind(), op);
+                activations += 1;
             }
         }
-        assert!(ActivationKind::from_name("relu6", &[1.0]).is_err());
-        assert!(ActivationKind::from_name("hardtanh", &[2.0, 1.0]).is_err());
-        assert!(ActivationKind::from_name("gelu", &[0.5]).is_err());
-        let err = ActivationKind::from_name("swish", &[]).unwrap_err();
-        assert!(err.to_string().contains("unknown activation 'swish'"));
+        assert_eq!(activations, 9);
+        let one = |name: &str, v: Attr| Attrs::new().with(name, v);
+        let relu6 = ActivationKind::from_attrs(OpKind::Relu6, one("min_val", Attr::Float(1.0)));
+        assert!(relu6
+            .unwrap_err()
+            .to_string()
+            .contains("unknown parameter 'min_val'"));
+        let bad = one("min_val", Attr::Float(2.0)).with("max_val", Attr::Float(1.0));
+        assert!(ActivationKind::from_attrs(OpKind::Hardtanh, bad).is_err());
+        let gelu = one("approximate", Attr::Str("fast".into()));
+        assert!(ActivationKind::from_attrs(OpKind::Gelu, gelu).is_err());
+        let typed = one("approximate", Attr::Float(1.0));
+        let err = ActivationKind::from_attrs(OpKind::Gelu, typed).unwrap_err();
+        assert!(
+            err.to_string().contains("'approximate' must be str"),
+            "{err}"
+        );
+        let err = ActivationKind::from_attrs(OpKind::Linear, Attrs::new()).unwrap_err();
+        assert!(err.to_string().contains("not an activation"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Binary elementwise arithmetic with broadcasting: add, sub, mul, div.
 
+use super::attrs::{optional, Args, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::binary;
 use ai3_kernels::params::broadcast_shape;
 
@@ -32,22 +33,6 @@ impl BinaryKind {
             BinaryKind::Mul => OpKind::Mul,
             BinaryKind::Div => OpKind::Div,
         }
-    }
-
-    /// Looks a kind up by its operation name.
-    pub fn from_name(name: &str) -> Result<Self> {
-        Ok(match name {
-            "add" => BinaryKind::Add,
-            "sub" => BinaryKind::Sub,
-            "mul" => BinaryKind::Mul,
-            "div" => BinaryKind::Div,
-            other => {
-                return Err(Error::invalid(
-                    "binary",
-                    format!("unknown binary operation '{other}'; choose one of add, sub, mul, div"),
-                ))
-            }
-        })
     }
 }
 
@@ -203,6 +188,55 @@ impl Operation for Binary {
         with_dtype!(output.dtype(), T, self.run::<T>(inputs, output))
     }
 }
+
+fn build_binary(a: &mut Args) -> Result<Box<dyn Operation>> {
+    let kind = match a.op() {
+        OpKind::Add => BinaryKind::Add,
+        OpKind::Sub => BinaryKind::Sub,
+        OpKind::Mul => BinaryKind::Mul,
+        OpKind::Div => BinaryKind::Div,
+        other => return Err(Error::internal(other.name(), "not a binary operation")),
+    };
+    let op = Binary::new(
+        kind,
+        a.opt_float("scalar")?,
+        a.bool_or("scalar_first", false)?,
+    )
+    .with_activation(a.activation("activation")?);
+    if a.num_inputs != op.num_inputs() {
+        return Err(Error::invalid(
+            kind.op_kind().name(),
+            format!(
+                "expected {} input(s) with scalar={:?}, got {}",
+                op.num_inputs(),
+                op.scalar,
+                a.num_inputs
+            ),
+        ));
+    }
+    Ok(Box::new(op))
+}
+
+/// A binary operation: two inputs (broadcast), or one and a `scalar` (on the
+/// left with `scalar_first`), and a fused `activation`.
+const BINARY: OpSpec = OpSpec {
+    inputs: Arity::between(1, 2),
+    params: &[
+        optional("scalar", K::Float),
+        optional("scalar_first", K::Bool),
+        optional("activation", K::Activation),
+    ],
+    build: build_binary,
+};
+
+/// `add`.
+pub const ADD: OpSpec = BINARY;
+/// `sub`.
+pub const SUB: OpSpec = BINARY;
+/// `mul`.
+pub const MUL: OpSpec = BINARY;
+/// `div`.
+pub const DIV: OpSpec = BINARY;
 
 #[cfg(test)]
 mod tests {

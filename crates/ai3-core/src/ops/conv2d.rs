@@ -1,6 +1,7 @@
 //! 2-D convolution with PyTorch's full semantics: stride, per-side padding,
 //! dilation, groups, bias and the four padding modes.
 
+use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use std::sync::OnceLock;
 
 use ai3_kernels::alloc::checked_sum;
@@ -458,6 +459,63 @@ impl Operation for Conv2d {
         Ok(())
     }
 }
+
+/// `padding_mode` by PyTorch's name.
+fn pad_mode(name: &str) -> Result<PadMode> {
+    Ok(match name {
+        "zeros" => PadMode::Zeros,
+        "reflect" => PadMode::Reflect,
+        "replicate" => PadMode::Replicate,
+        "circular" => PadMode::Circular,
+        other => {
+            return Err(Error::invalid(
+                OP.name(),
+                format!(
+                "padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', got '{other}'"
+            ),
+            ))
+        }
+    })
+}
+
+/// `conv2d`: `weight` `[out_channels, in_channels / groups, kh, kw]`, optional
+/// `bias`, `stride`, `padding` `[top, bottom, left, right]`, `dilation`,
+/// `groups`, `padding_mode` (PyTorch's), and a fused `activation`.
+pub const SPEC: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[
+        required("weight", K::Tensor),
+        optional("bias", K::Tensor),
+        optional("stride", K::Ints),
+        optional("padding", K::Ints),
+        optional("dilation", K::Ints),
+        optional("groups", K::Int),
+        optional("padding_mode", K::Str),
+        optional("activation", K::Activation),
+    ],
+    build: |a| {
+        let weight = a.required_tensor("weight")?;
+        let bias = a.tensor("bias")?;
+        let [top, bottom, left, right] = a.usizes_n("padding", [0; 4])?;
+        let padding = Padding2d {
+            top,
+            bottom,
+            left,
+            right,
+        };
+        let conv = Conv2d::new(
+            weight,
+            bias,
+            a.pair_or("stride", (1, 1))?,
+            padding,
+            a.pair_or("dilation", (1, 1))?,
+            a.usize_or("groups", 1)?,
+            pad_mode(a.str_or("padding_mode", "zeros")?)?,
+            a.request,
+        )?;
+        Ok(Box::new(conv.with_activation(a.activation("activation")?)))
+    },
+};
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
 //! Flatten.
 
+use super::attrs::{optional, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::custom;
 
 use super::{custom_result, simple_algorithm, single, with_dtype, Operation};
@@ -109,3 +110,13 @@ impl Operation for Flatten {
         Ok(())
     }
 }
+
+/// `flatten`: dimensions `start_dim..=end_dim` (defaults 1 and -1, as `nn.Flatten`).
+pub const SPEC: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[optional("start_dim", K::Int), optional("end_dim", K::Int)],
+    build: |a| {
+        let f = Flatten::new(a.int_or("start_dim", 1)?, a.int_or("end_dim", -1)?);
+        Ok(Box::new(f.with_request(a.request)?))
+    },
+};

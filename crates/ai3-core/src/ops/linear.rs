@@ -1,5 +1,6 @@
 //! Fully connected layer over the last dimension.
 
+use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::linear;
 use ai3_kernels::custom;
 use ai3_kernels::params::LinearParams;
@@ -173,3 +174,20 @@ impl Operation for Linear {
         Ok(())
     }
 }
+
+/// `linear`: `weight` `[out_features, in_features]`, optional `bias`, and a
+/// fused `activation`.
+pub const SPEC: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[
+        required("weight", K::Tensor),
+        optional("bias", K::Tensor),
+        optional("activation", K::Activation),
+    ],
+    build: |a| {
+        let weight = a.required_tensor("weight")?;
+        let bias = a.tensor("bias")?;
+        let layer = Linear::new(weight, bias, a.request)?;
+        Ok(Box::new(layer.with_activation(a.activation("activation")?)))
+    },
+};

@@ -11,19 +11,23 @@ use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
 
-mod activation;
-mod binary;
-mod conv2d;
-mod flatten;
-mod linear;
-mod norm;
-mod pool;
-mod reduce;
-mod reshape;
+pub(crate) mod activation;
+mod attrs;
+pub(crate) mod binary;
+pub(crate) mod conv2d;
+pub(crate) mod flatten;
+pub(crate) mod linear;
+pub(crate) mod norm;
+pub(crate) mod pool;
+pub(crate) mod reduce;
+pub(crate) mod reshape;
 mod runtime_weights;
-mod shape;
+pub(crate) mod shape;
 
 pub use activation::{Activation, ActivationKind};
+pub use attrs::{
+    build_node, optional, required, Args, Arity, Attr, Attrs, OpSpec, ParamKind, ParamSpec,
+};
 pub use binary::{Binary, BinaryKind};
 pub use conv2d::{Conv2d, PadMode};
 pub use flatten::Flatten;

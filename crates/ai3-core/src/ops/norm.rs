@@ -1,5 +1,6 @@
 //! Normalisation layers: eval-mode batch norm and layer norm.
 
+use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::norm::{self, scale_shift};
 
 use super::activation::with_scalar_fn;
@@ -269,6 +270,45 @@ impl Operation for LayerNorm {
         Ok(())
     }
 }
+
+/// `batchnorm2d` in eval mode: `running_mean`, `running_var`, optional affine
+/// `weight` and `bias`, `eps` (default 1e-5), and a fused `activation`.
+pub const BATCHNORM2D: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[
+        optional("weight", K::Tensor),
+        optional("bias", K::Tensor),
+        required("running_mean", K::Tensor),
+        required("running_var", K::Tensor),
+        optional("eps", K::Float),
+        optional("activation", K::Activation),
+    ],
+    build: |a| {
+        let (weight, bias) = (a.tensor("weight")?, a.tensor("bias")?);
+        let mean = a.required_tensor("running_mean")?;
+        let var = a.required_tensor("running_var")?;
+        let bn = BatchNorm2d::new(weight, bias, mean, var, a.float_or("eps", 1e-5)?)?;
+        Ok(Box::new(bn.with_activation(a.activation("activation")?)))
+    },
+};
+
+/// `layernorm` over the trailing `normalized_shape` dimensions, with optional
+/// affine `weight` and `bias` and `eps` (default 1e-5).
+pub const LAYERNORM: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[
+        required("normalized_shape", K::Ints),
+        optional("weight", K::Tensor),
+        optional("bias", K::Tensor),
+        optional("eps", K::Float),
+    ],
+    build: |a| {
+        let shape = a.opt_usizes("normalized_shape")?.unwrap_or_default();
+        let (weight, bias) = (a.tensor("weight")?, a.tensor("bias")?);
+        let eps = a.float_or("eps", 1e-5)?;
+        Ok(Box::new(LayerNorm::new(shape, weight, bias, eps)?))
+    },
+};
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
 //! 2-D pooling: maximum, average and adaptive average.
 
+use super::attrs::{optional, required, Args, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::pool;
 use ai3_kernels::custom::{self, CustomError};
 use ai3_kernels::params::{AdaptivePool2dParams, AvgPoolOptions, Pool2dParams};
@@ -357,3 +358,83 @@ fn no_custom<T>(
         "this operation has no custom C++ implementation".into(),
     ))
 }
+
+fn window(a: &Args, dilation: bool) -> Result<Window> {
+    let kernel = a.pair_or("kernel_size", (0, 0))?;
+    Ok(Window {
+        kernel,
+        // PyTorch's default stride is the window.
+        stride: a.pair_or("stride", kernel)?,
+        padding: a.pair_or("padding", (0, 0))?,
+        dilation: if dilation {
+            a.pair_or("dilation", (1, 1))?
+        } else {
+            (1, 1)
+        },
+        ceil_mode: a.bool_or("ceil_mode", false)?,
+    })
+}
+
+/// `maxpool2d`: `kernel_size`, `stride` (default: the window), `padding`,
+/// `dilation`, `ceil_mode`, as in PyTorch.
+pub const MAXPOOL2D: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[
+        required("kernel_size", K::Ints),
+        optional("stride", K::Ints),
+        optional("padding", K::Ints),
+        optional("dilation", K::Ints),
+        optional("ceil_mode", K::Bool),
+    ],
+    build: |a| {
+        Ok(Box::new(
+            MaxPool2d::new(window(a, true)?)?.with_request(a.request)?,
+        ))
+    },
+};
+
+/// `avgpool2d`: `kernel_size`, `stride` (default: the window), `padding`,
+/// `ceil_mode`, `count_include_pad` (default true), `divisor_override`, as in PyTorch.
+pub const AVGPOOL2D: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[
+        required("kernel_size", K::Ints),
+        optional("stride", K::Ints),
+        optional("padding", K::Ints),
+        optional("ceil_mode", K::Bool),
+        optional("count_include_pad", K::Bool),
+        optional("divisor_override", K::Int),
+    ],
+    build: |a| {
+        let options = AvgPoolOptions {
+            count_include_pad: a.bool_or("count_include_pad", true)?,
+            divisor_override: a.opt_usize("divisor_override")?,
+        };
+        let pool = AvgPool2d::new(window(a, false)?, options)?;
+        Ok(Box::new(pool.with_request(a.request)?))
+    },
+};
+
+/// `adaptiveavgpool2d`: `output_size`, two sizes (`None` keeps that input dimension).
+pub const ADAPTIVEAVGPOOL2D: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[required("output_size", K::OptInts)],
+    build: |a| {
+        let [h, w] = a.opt_usizes_n("output_size")?;
+        Ok(Box::new(
+            AdaptiveAvgPool2d::new((h, w))?.with_request(a.request)?,
+        ))
+    },
+};
+
+/// `adaptivemaxpool2d`: `output_size`, two sizes (`None` keeps that input dimension).
+pub const ADAPTIVEMAXPOOL2D: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[required("output_size", K::OptInts)],
+    build: |a| {
+        let [h, w] = a.opt_usizes_n("output_size")?;
+        Ok(Box::new(
+            AdaptiveMaxPool2d::new((h, w))?.with_request(a.request)?,
+        ))
+    },
+};

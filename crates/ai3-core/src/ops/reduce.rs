@@ -1,5 +1,6 @@
 //! Reductions: softmax along one dimension and the mean over dimensions.
 
+use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::reduce;
 use ai3_kernels::params::AxisParams;
 
@@ -138,6 +139,23 @@ impl Operation for Mean {
         Ok(())
     }
 }
+
+/// `softmax` along `dim`.
+pub const SOFTMAX: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[required("dim", K::Int)],
+    build: |a| Ok(Box::new(Softmax::new(a.int("dim")?))),
+};
+
+/// `mean` over `dims` (absent or empty: every dimension), keeping them with `keepdim`.
+pub const MEAN: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[optional("dims", K::Ints), optional("keepdim", K::Bool)],
+    build: |a| {
+        let dims = a.opt_ints("dims")?.unwrap_or_default();
+        Ok(Box::new(Mean::new(dims, a.bool_or("keepdim", false)?)))
+    },
+};
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
 //! Reshape to a shape computed at run time from the sizes of the node's inputs.
 
+use super::attrs::{required, Arity, OpSpec, ParamKind as K};
 use super::{elements, elements_mut, normalize_dim, with_dtype, Operation};
 use crate::error::{Error, Result};
 use crate::registry::{Algorithm, OpKind};
@@ -32,6 +33,25 @@ pub enum SizeExpr {
 }
 
 impl SizeExpr {
+    /// Rejects a size read from an input the node does not have.
+    pub fn check_inputs(&self, num_inputs: usize) -> Result<()> {
+        match self {
+            SizeExpr::Const(_) => Ok(()),
+            SizeExpr::Dim { input, .. } if *input >= num_inputs => Err(Error::invalid(
+                OP.name(),
+                format!("a size reads input {input} but the node has {num_inputs} input(s)"),
+            )),
+            SizeExpr::Dim { .. } => Ok(()),
+            SizeExpr::Add(a, b)
+            | SizeExpr::Sub(a, b)
+            | SizeExpr::Mul(a, b)
+            | SizeExpr::FloorDiv(a, b) => {
+                a.check_inputs(num_inputs)?;
+                b.check_inputs(num_inputs)
+            }
+        }
+    }
+
     /// The value for these input shapes.
     pub fn eval(&self, inputs: &[&[usize]]) -> Result<i64> {
         let overflow = || Error::invalid(OP.name(), format!("{self:?} overflows"));
@@ -185,6 +205,20 @@ impl Operation for Reshape {
         Ok(())
     }
 }
+
+/// `reshape` of input 0 to `shape`, one size expression per output dimension
+/// (inputs after the first are read for their sizes only).
+pub const SPEC: OpSpec = OpSpec {
+    inputs: Arity::at_least(1),
+    params: &[required("shape", K::Sizes)],
+    build: |a| {
+        let spec = a.sizes("shape")?;
+        for e in &spec {
+            e.check_inputs(a.num_inputs)?;
+        }
+        Ok(Box::new(Reshape::new(spec)?))
+    },
+};
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,7 @@
 //! Data movement between shapes: concatenation, permutation, and the pieces
 //! of `chunk` / `split`. Each produces a contiguous copy.
 
+use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::shape as kernel;
 use ai3_kernels::params::AxisParams;
 
@@ -318,6 +319,66 @@ impl Operation for Slice {
         Ok(())
     }
 }
+
+/// `cat`: its inputs joined along `dim`.
+pub const CAT: OpSpec = OpSpec {
+    inputs: Arity::at_least(1),
+    params: &[required("dim", K::Int)],
+    build: |a| Ok(Box::new(Concat::new(a.int("dim")?))),
+};
+
+/// `permute`: `dims` reordered, or (`dim0`, `dim1`) swapped as `transpose` does.
+pub const PERMUTE: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[
+        optional("dims", K::Ints),
+        optional("dim0", K::Int),
+        optional("dim1", K::Int),
+    ],
+    build: |a| match (a.opt_ints("dims")?, a.opt_int("dim0")?, a.opt_int("dim1")?) {
+        (Some(dims), None, None) => Ok(Box::new(Permute::new(dims))),
+        (None, Some(d0), Some(d1)) => Ok(Box::new(Permute::transpose(d0, d1))),
+        _ => Err(Error::invalid(
+            OpKind::Permute.name(),
+            "give either dims, or dim0 and dim1",
+        )),
+    },
+};
+
+/// `slice`: piece `index` along `dim` of `torch.chunk` (`chunks`),
+/// `torch.split` by size (`split_size`) or by `sections`; exactly one of the three.
+pub const SLICE: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[
+        required("dim", K::Int),
+        required("index", K::Int),
+        optional("chunks", K::Int),
+        optional("split_size", K::Int),
+        optional("sections", K::Ints),
+    ],
+    build: |a| {
+        let mode = match (
+            a.opt_usize("chunks")?,
+            a.opt_usize("split_size")?,
+            a.opt_usizes("sections")?,
+        ) {
+            (Some(n), None, None) => SliceMode::Chunks(n),
+            (None, Some(k), None) => SliceMode::SplitSize(k),
+            (None, None, Some(s)) => SliceMode::Sections(s),
+            _ => {
+                return Err(Error::invalid(
+                    OpKind::Slice.name(),
+                    "give exactly one of chunks, split_size and sections",
+                ))
+            }
+        };
+        Ok(Box::new(Slice::new(
+            a.int("dim")?,
+            a.usize("index")?,
+            mode,
+        )?))
+    },
+};
 
 #[cfg(test)]
 mod tests {

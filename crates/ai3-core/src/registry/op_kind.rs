@@ -1,68 +1,98 @@
-//! The list of operations and their names.
+//! The list of operations: one line each, giving the name users select it
+//! by and the [`OpSpec`] its nodes are built from.
 
 use std::fmt;
 
 use ai3_kernels::custom::CustomOp;
 
-/// The operations ai3 implements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OpKind {
+use crate::ops::{self, OpSpec};
+
+macro_rules! op_kinds {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal => $spec:path,)*) => {
+        /// The operations ai3 implements.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum OpKind {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl OpKind {
+            /// Every operation, in the order they are documented.
+            pub const ALL: &'static [OpKind] = &[$(OpKind::$variant,)*];
+
+            /// The name used in selectors and messages (`'conv2d'`, `'maxpool2d'`, ...).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(OpKind::$variant => $name,)*
+                }
+            }
+
+            /// The operation's parameters, inputs and builder.
+            pub fn spec(self) -> &'static OpSpec {
+                match self {
+                    $(OpKind::$variant => &$spec,)*
+                }
+            }
+        }
+    };
+}
+
+op_kinds! {
     /// 2-D convolution.
-    Conv2d,
+    Conv2d = "conv2d" => ops::conv2d::SPEC,
     /// Fully connected layer.
-    Linear,
+    Linear = "linear" => ops::linear::SPEC,
     /// Rectified linear unit.
-    Relu,
+    Relu = "relu" => ops::activation::RELU,
     /// 2-D max pooling.
-    MaxPool2d,
+    MaxPool2d = "maxpool2d" => ops::pool::MAXPOOL2D,
     /// 2-D average pooling.
-    AvgPool2d,
+    AvgPool2d = "avgpool2d" => ops::pool::AVGPOOL2D,
     /// 2-D adaptive average pooling.
-    AdaptiveAvgPool2d,
+    AdaptiveAvgPool2d = "adaptiveavgpool2d" => ops::pool::ADAPTIVEAVGPOOL2D,
     /// Flattening a range of dimensions.
-    Flatten,
+    Flatten = "flatten" => ops::flatten::SPEC,
     /// `min(max(x, 0), 6)`.
-    Relu6,
+    Relu6 = "relu6" => ops::activation::RELU6,
     /// `x` clamped to `[min_val, max_val]`.
-    Hardtanh,
+    Hardtanh = "hardtanh" => ops::activation::HARDTANH,
     /// `x * relu6(x + 3) / 6`.
-    Hardswish,
+    Hardswish = "hardswish" => ops::activation::HARDSWISH,
     /// `relu6(x + 3) / 6`.
-    Hardsigmoid,
+    Hardsigmoid = "hardsigmoid" => ops::activation::HARDSIGMOID,
     /// `x * sigmoid(x)`.
-    Silu,
+    Silu = "silu" => ops::activation::SILU,
     /// Logistic sigmoid.
-    Sigmoid,
+    Sigmoid = "sigmoid" => ops::activation::SIGMOID,
     /// Gaussian error linear unit (exact or tanh approximation).
-    Gelu,
+    Gelu = "gelu" => ops::activation::GELU,
     /// Hyperbolic tangent.
-    Tanh,
+    Tanh = "tanh" => ops::activation::TANH,
     /// Broadcasting addition.
-    Add,
+    Add = "add" => ops::binary::ADD,
     /// Broadcasting subtraction.
-    Sub,
+    Sub = "sub" => ops::binary::SUB,
     /// Broadcasting multiplication.
-    Mul,
+    Mul = "mul" => ops::binary::MUL,
     /// Broadcasting division.
-    Div,
+    Div = "div" => ops::binary::DIV,
     /// Concatenation along a dimension.
-    Cat,
+    Cat = "cat" => ops::shape::CAT,
     /// Softmax along a dimension.
-    Softmax,
+    Softmax = "softmax" => ops::reduce::SOFTMAX,
     /// Batch normalisation with running statistics (eval mode).
-    BatchNorm2d,
+    BatchNorm2d = "batchnorm2d" => ops::norm::BATCHNORM2D,
     /// Layer normalisation over trailing dimensions.
-    LayerNorm,
+    LayerNorm = "layernorm" => ops::norm::LAYERNORM,
     /// 2-D adaptive max pooling.
-    AdaptiveMaxPool2d,
+    AdaptiveMaxPool2d = "adaptivemaxpool2d" => ops::pool::ADAPTIVEMAXPOOL2D,
     /// Mean over dimensions.
-    Mean,
+    Mean = "mean" => ops::reduce::MEAN,
     /// Reordering dimensions (a contiguous copy).
-    Permute,
+    Permute = "permute" => ops::shape::PERMUTE,
     /// A contiguous copy under a shape computed at run time.
-    Reshape,
+    Reshape = "reshape" => ops::reshape::SPEC,
     /// One piece of a `chunk` or `split` along a dimension.
-    Slice,
+    Slice = "slice" => ops::shape::SLICE,
 }
 
 impl OpKind {
@@ -71,75 +101,9 @@ impl OpKind {
         CustomOp::ALL.into_iter().find(|c| c.name() == self.name())
     }
 
-    /// Every operation, in the order they are documented.
-    pub const ALL: [OpKind; 28] = [
-        OpKind::Conv2d,
-        OpKind::Linear,
-        OpKind::Relu,
-        OpKind::MaxPool2d,
-        OpKind::AvgPool2d,
-        OpKind::AdaptiveAvgPool2d,
-        OpKind::Flatten,
-        OpKind::Relu6,
-        OpKind::Hardtanh,
-        OpKind::Hardswish,
-        OpKind::Hardsigmoid,
-        OpKind::Silu,
-        OpKind::Sigmoid,
-        OpKind::Gelu,
-        OpKind::Tanh,
-        OpKind::Add,
-        OpKind::Sub,
-        OpKind::Mul,
-        OpKind::Div,
-        OpKind::Cat,
-        OpKind::Softmax,
-        OpKind::BatchNorm2d,
-        OpKind::LayerNorm,
-        OpKind::AdaptiveMaxPool2d,
-        OpKind::Mean,
-        OpKind::Permute,
-        OpKind::Reshape,
-        OpKind::Slice,
-    ];
-
-    /// The name used in selectors and messages (`'conv2d'`, `'maxpool2d'`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            OpKind::Conv2d => "conv2d",
-            OpKind::Linear => "linear",
-            OpKind::Relu => "relu",
-            OpKind::MaxPool2d => "maxpool2d",
-            OpKind::AvgPool2d => "avgpool2d",
-            OpKind::AdaptiveAvgPool2d => "adaptiveavgpool2d",
-            OpKind::Flatten => "flatten",
-            OpKind::Relu6 => "relu6",
-            OpKind::Hardtanh => "hardtanh",
-            OpKind::Hardswish => "hardswish",
-            OpKind::Hardsigmoid => "hardsigmoid",
-            OpKind::Silu => "silu",
-            OpKind::Sigmoid => "sigmoid",
-            OpKind::Gelu => "gelu",
-            OpKind::Tanh => "tanh",
-            OpKind::Add => "add",
-            OpKind::Sub => "sub",
-            OpKind::Mul => "mul",
-            OpKind::Div => "div",
-            OpKind::Cat => "cat",
-            OpKind::Softmax => "softmax",
-            OpKind::BatchNorm2d => "batchnorm2d",
-            OpKind::LayerNorm => "layernorm",
-            OpKind::AdaptiveMaxPool2d => "adaptivemaxpool2d",
-            OpKind::Mean => "mean",
-            OpKind::Permute => "permute",
-            OpKind::Reshape => "reshape",
-            OpKind::Slice => "slice",
-        }
-    }
-
     /// Looks an operation up by its name.
     pub fn from_name(name: &str) -> Option<Self> {
-        OpKind::ALL.into_iter().find(|op| op.name() == name)
+        OpKind::ALL.iter().copied().find(|op| op.name() == name)
     }
 }
 
