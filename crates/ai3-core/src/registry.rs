@@ -9,9 +9,10 @@
 
 use std::fmt;
 
+use ai3_kernels::cpu::attention::flash;
 use ai3_kernels::cpu::conv2d::{fft, padded_copy_elements, winograd};
 use ai3_kernels::custom::{self, CustomOp};
-use ai3_kernels::params::{Conv2dParams, LinearParams};
+use ai3_kernels::params::{AttentionParams, Conv2dParams, LinearParams};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -46,6 +47,10 @@ pub enum Algorithm {
     Guess,
     /// cuDNN's timed choice (`cudnnFindConvolutionForwardAlgorithm`), per layer signature.
     Find,
+    /// Attention with the whole score matrix materialised.
+    Naive,
+    /// Attention tiled with an online softmax (FlashAttention's recurrence).
+    Flash,
 }
 
 impl Algorithm {
@@ -64,6 +69,8 @@ impl Algorithm {
             Algorithm::FftTiling => "fft tiling",
             Algorithm::Guess => "guess",
             Algorithm::Find => "find",
+            Algorithm::Naive => "naive",
+            Algorithm::Flash => "flash",
         }
     }
 }
@@ -101,6 +108,8 @@ pub enum Problem {
     Conv2d(Conv2dParams),
     /// A fully connected layer.
     Linear(LinearParams),
+    /// Scaled dot-product attention.
+    Attention(AttentionParams),
     /// Any operation whose algorithms accept every valid configuration.
     Elementwise {
         /// Number of elements touched.
@@ -257,6 +266,43 @@ fn winograd_workspace(problem: &Problem, dtype: DType) -> usize {
         }
         _ => 0,
     }
+}
+
+/// How many attention heads run at once: each holds its own scratch.
+fn concurrent_heads(p: &AttentionParams) -> usize {
+    (p.batch * p.heads).clamp(1, crate::threads::num_threads().max(1))
+}
+
+/// Naive attention's score matrices, one per head running at once.
+fn naive_attention_workspace(problem: &Problem, dtype: DType) -> usize {
+    match problem {
+        Problem::Attention(p) => [p.q_len, p.kv_len, concurrent_heads(p), dtype.size()]
+            .into_iter()
+            .fold(1, usize::saturating_mul),
+        _ => 0,
+    }
+}
+
+/// Flash attention's blocks, one per thread: independent of the sequence length.
+fn flash_attention_workspace(problem: &Problem, dtype: DType) -> usize {
+    match problem {
+        Problem::Attention(p) => [
+            flash::scratch_len(p),
+            crate::threads::num_threads().max(1),
+            dtype.size(),
+        ]
+        .into_iter()
+        .fold(1, usize::saturating_mul),
+        _ => 0,
+    }
+}
+
+/// `'default'` takes flash attention from this many keys on, where it
+/// measured as fast as naive attention and needs far less memory.
+const FLASH_FROM_KV_LEN: usize = 512;
+
+fn flash_preferred(problem: &Problem) -> bool {
+    matches!(problem, Problem::Attention(p) if p.kv_len >= FLASH_FROM_KV_LEN || p.causal)
 }
 
 /// The registry row of the user's C++ `op` (`cpp_custom/<op>.cpp`): available
@@ -435,6 +481,23 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(Permute, Direct, "strided copy over merged dimensions"),
     row!(Reshape, Direct, "copy under a new shape"),
     row!(Slice, Direct, "row-wise copy of one piece"),
+    row!(
+        Attention,
+        Flash,
+        "query and key blocks, online softmax; memory flat in length",
+        always,
+        any_problem,
+        flash_attention_workspace,
+        flash_preferred
+    ),
+    row!(
+        Attention,
+        Naive,
+        "whole score matrix per head: GEMM, softmax, GEMM",
+        always,
+        any_problem,
+        naive_attention_workspace
+    ),
 ];
 
 /// The registry rows of one operation on one device kind.

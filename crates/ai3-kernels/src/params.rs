@@ -417,6 +417,67 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
         .collect()
 }
 
+/// Scaled dot-product attention: query `[batch, heads, q_len, head_dim]`,
+/// key `[batch, kv_heads, kv_len, head_dim]`, value `[batch, kv_heads,
+/// kv_len, v_dim]`, output `[batch, heads, q_len, v_dim]`. Query head `h`
+/// reads key/value head `h / (heads / kv_heads)` (grouped-query attention
+/// when `kv_heads < heads`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    /// Product of the leading dimensions.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key and value heads; divides `heads`.
+    pub kv_heads: usize,
+    /// Query length.
+    pub q_len: usize,
+    /// Key and value length.
+    pub kv_len: usize,
+    /// Query and key feature size.
+    pub head_dim: usize,
+    /// Value feature size.
+    pub v_dim: usize,
+    /// Factor of the scores (PyTorch's default: `1 / sqrt(head_dim)`).
+    pub scale: f64,
+    /// Query `i` attends to keys `j <= i` only (PyTorch's `is_causal`, aligned top-left).
+    pub causal: bool,
+}
+
+impl AttentionParams {
+    /// `(query, key, value, output)` element counts, or an error if one overflows.
+    pub fn lens(&self) -> KernelResult<(usize, usize, usize, usize)> {
+        let (b, h, kh) = (self.batch, self.heads, self.kv_heads);
+        Ok((
+            checked_product("attention query", &[b, h, self.q_len, self.head_dim])?,
+            checked_product("attention key", &[b, kh, self.kv_len, self.head_dim])?,
+            checked_product("attention value", &[b, kh, self.kv_len, self.v_dim])?,
+            checked_product("attention output", &[b, h, self.q_len, self.v_dim])?,
+        ))
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads.max(1)
+    }
+
+    /// Checks the head counts and the four buffers' lengths.
+    pub fn check_buffers(&self, q: usize, k: usize, v: usize, out: usize) -> KernelResult<()> {
+        if (self.kv_heads == 0 && self.heads != 0)
+            || !self.heads.is_multiple_of(self.kv_heads.max(1))
+        {
+            return Err(KernelError::Precondition {
+                what: "query heads must be a multiple of key/value heads",
+            });
+        }
+        let (lq, lk, lv, lo) = self.lens()?;
+        check_len("attention query", q, lq)?;
+        check_len("attention key", k, lk)?;
+        check_len("attention value", v, lv)?;
+        check_len("attention output", out, lo)
+    }
+}
+
 /// Sizes around one dimension of a contiguous tensor: `outer` blocks of
 /// `dim` slices of `inner` elements (softmax, concatenation, slicing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -16,7 +16,8 @@ The package:
 - ``calls.py``: :class:`Sig`, which binds a node's arguments to the
   parameters of the call, so that an argument ai3 does not implement makes
   the node unsupported instead of being ignored; ``as_int`` and friends;
-- the handlers, by family: ``conv_linear.py``, ``norms.py``, ``pooling.py``
+- the handlers, by family: ``attention.py`` (scaled dot-product attention),
+  ``conv_linear.py``, ``norms.py``, ``pooling.py``
   (and ``mean``), ``activations.py`` (and softmax), ``elementwise.py``
   (arithmetic, ``cat``), ``shapes.py`` (flatten, permute, reshape/view,
   chunk/split, getitem, sizes), ``identity.py`` (Dropout, Identity,
@@ -35,6 +36,7 @@ from __future__ import annotations
 # The handler modules fill the tables as they are imported.
 from . import (  # noqa: F401
     activations,
+    attention,
     conv_linear,
     elementwise,
     identity,

@@ -347,6 +347,12 @@ impl Conv2d {
                     format!("the GPU algorithm '{gpu_only}' reached the CPU kernels"),
                 ))
             }
+            other @ (Algorithm::Naive | Algorithm::Flash) => {
+                return Err(Error::internal(
+                    OP.name(),
+                    format!("the attention algorithm '{other}' reached conv2d"),
+                ))
+            }
         };
         kernel_result(OP, done, context)
     }

@@ -12,6 +12,7 @@ use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
 
 pub(crate) mod activation;
+pub(crate) mod attention;
 mod attrs;
 pub(crate) mod binary;
 pub(crate) mod conv2d;
@@ -25,6 +26,7 @@ mod runtime_weights;
 pub(crate) mod shape;
 
 pub use activation::{Activation, ActivationKind};
+pub use attention::Attention;
 pub use attrs::{
     build_node, optional, required, Args, Arity, Attr, Attrs, OpSpec, ParamKind, ParamSpec,
 };

@@ -93,6 +93,8 @@ op_kinds! {
     Reshape = "reshape" => ops::reshape::SPEC,
     /// One piece of a `chunk` or `split` along a dimension.
     Slice = "slice" => ops::shape::SLICE,
+    /// Scaled dot-product attention.
+    Attention = "attention" => ops::attention::SPEC,
 }
 
 impl OpKind {

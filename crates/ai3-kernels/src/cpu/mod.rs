@@ -5,6 +5,7 @@
 //! caller owns. Parallelism comes from rayon over independent output blocks.
 
 pub mod activation;
+pub mod attention;
 pub mod binary;
 pub mod conv2d;
 pub mod linear;
