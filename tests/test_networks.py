@@ -29,17 +29,23 @@ NETWORKS = [
     ("mnasnet1_0", 64),
     ("regnet_y_400mf", 64),
     ("convnext_tiny", 64),
+    ("vit_b_16", 64),
 ]
 
 
-def build(name: str) -> nn.Module:
-    """A torchvision network with random weights and random BatchNorm statistics, in eval mode."""
+def build(name: str, size: int | None = None) -> nn.Module:
+    """A torchvision network with random weights and random BatchNorm statistics, in eval mode;
+    ``size`` is the image size of networks built for one (ViT)."""
     kwargs = (
         {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
     )
+    if size is not None:
+        kwargs["image_size"] = size
     net = getattr(torchvision.models, name)(weights=None, **kwargs)
     with torch.no_grad():
         for m in net.modules():
+            if isinstance(m, nn.Linear) and not m.weight.any():
+                nn.init.normal_(m.weight, std=0.02)  # ViT's head starts at zero: outputs all 0
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
@@ -55,8 +61,12 @@ def check(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert err <= 1e-3 * scale, f"max error {err:.3e} > 1e-3 * {scale:.3e}"
 
 
+#: Networks built for one image size.
+SIZED = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
+
+
 def run(name: str, size: int, algos=None, batch: int = 2) -> ai3.Model:
-    net = build(name)
+    net = build(name, size if name in SIZED else None)
     x = torch.randn(batch, 3, size, size)
     with torch.inference_mode():
         expected = net(x)

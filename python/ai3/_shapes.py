@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -42,7 +43,16 @@ def input_shapes_of_nodes(
     if not (len(shapes) and all(isinstance(s, Sequence) for s in shapes)):
         shapes = [shapes]
     with _eval_no_grad(gm):
-        ShapeProp(gm).propagate(*[_zeros(gm, s, dtype) for s in shapes])
+        try:
+            ShapeProp(gm).propagate(*[_zeros(gm, s, dtype) for s in shapes])
+        except Exception as e:  # the network's own error on these shapes (an assertion, ...)
+            from .errors import ShapeError
+
+            cause = e.__cause__ or e
+            raise ShapeError(
+                f"convert: the network fails on sample_input_shape {list(shapes)}: "
+                f"{type(cause).__name__}: {cause}"
+            ) from e
     shapes = {}
     for n in gm.graph.nodes:
         arg = n.args[0] if n.args else None
@@ -81,6 +91,16 @@ class Tracer(torch.fx.Tracer):
         from .swap import is_swapped  # swap imports this module
 
         return is_swapped(m) or super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
+        """Modules with a decomposition (``nn.MultiheadAttention``) are traced
+        as their functional form (see :mod:`ai3._decompose`)."""
+        from ._decompose import decompose
+
+        out = decompose(m, args, kwargs)
+        if out is NotImplemented:
+            return super().call_module(m, forward, args, kwargs)
+        return out
 
 
 def trace(module: nn.Module) -> torch.fx.GraphModule:

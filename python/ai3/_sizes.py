@@ -42,6 +42,14 @@ class ShapeOf:
     node: torch.fx.Node
 
 
+@dataclass(frozen=True)
+class ShapeFact:
+    """A fact about shapes that only a shape assertion reads: a rank
+    (``x.dim()``) or a comparison of sizes (``h == 224``)."""
+
+    node: torch.fx.Node
+
+
 SizeExpr = Dim | Const | BinOp
 
 #: Python operators fx records on sizes, and their names on the Rust side.

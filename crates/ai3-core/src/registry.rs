@@ -482,6 +482,12 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(Reshape, Direct, "copy under a new shape"),
     row!(Slice, Direct, "row-wise copy of one piece"),
     row!(
+        Expand,
+        Direct,
+        "strided copy, repeated dimensions read with stride 0"
+    ),
+    row!(Index, Direct, "strided copy of the indexed view"),
+    row!(
         Attention,
         Flash,
         "query and key blocks, online softmax; memory flat in length",

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from .. import _sizes as S
+from .._decompose import DECOMPOSITIONS, why_not
 from ..errors import Error, InvalidArgumentError
 from .calls import INPUT, Unsupported
 from .registry import FUNCTIONS, METHODS, MODULES
@@ -326,6 +327,9 @@ class Lowerer:
             self.lower_output(n)
         elif n.op == "call_module":
             m = self.gm.get_submodule(n.target)
+            if type(m) in DECOMPOSITIONS:  # traced as functional code when it can be
+                args = tuple(n.args)
+                raise Unsupported(why_not(m, args, dict(n.kwargs)) or "forward hooks")
             handler = _handler(MODULES, type(m))
             _check_hooks(m)
             handler(self, n, m, INPUT.bind(n)["input"])

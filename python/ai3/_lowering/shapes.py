@@ -10,13 +10,14 @@ from __future__ import annotations
 import builtins
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx
 from torch import nn
 
 from .. import _sizes as S
-from .calls import Sig, Unsupported, as_int, as_ints
+from .calls import Sig, Unsupported, _has_node, as_int, as_ints
 from .lowerer import OPAQUE, Lowerer, Pieces
 from .registry import register
 
@@ -65,6 +66,64 @@ def _transpose(lw: Lowerer, n) -> None:
     lw.view(n, b["input"])
 
 
+def _size_spec(lw: Lowerer, x: Any, entries: Any) -> tuple[list, tuple]:
+    """Sizes as the ``Sizes`` parameter of ``reshape`` / ``expand`` takes them, and
+    the tensors besides ``x`` whose shapes they read (the node's extra inputs)."""
+    exprs = [lw.size(e) for e in entries]
+    data = lw.tensor(x)
+    extra: list[torch.fx.Node] = []
+    for e in exprs:
+        for m in S.nodes_of(e):
+            if m is not data and m not in extra:
+                extra.append(m)
+    index = {data: 0, **{m: i + 1 for i, m in enumerate(extra)}}
+    return [S.encode(e, index) for e in exprs], tuple(extra)
+
+
+def _expand(lw: Lowerer, n) -> None:
+    """``x.expand(*sizes)``: each size a constant, ``-1``, or a size read at run time."""
+    b = _EXPAND.bind(n)
+    x, sizes = b["input"], b["size"]
+    if len(sizes) == 1 and isinstance(sizes[0], list | tuple):
+        sizes = sizes[0]
+    if not sizes:
+        raise Unsupported("no sizes given")
+    spec, extra = _size_spec(lw, x, sizes)
+    lw.step(n, "expand", [x], {"size": spec}, shapes=extra)
+    lw.view(n, x)
+
+
+_EXPAND = Sig("input, *size")
+
+
+def _index_entry(item: Any) -> tuple[int, int | None, int | None, int]:
+    """One position of ``x[...]`` as ``(kind, start, stop, step)`` (see the
+    ``index`` operation)."""
+    if item is None:
+        return 2, None, None, 1
+    if item is Ellipsis:
+        return 3, None, None, 1
+    if isinstance(item, int) and not isinstance(item, bool):
+        return 1, item, None, 1
+    if isinstance(item, slice):
+        parts = (item.start, item.stop, item.step)
+        if any(p is not None and (isinstance(p, bool) or not isinstance(p, int)) for p in parts):
+            raise Unsupported(f"slice {item!r} with bounds that are not constant integers")
+        return 0, item.start, item.stop, 1 if item.step is None else item.step
+    raise Unsupported(
+        f"index {item!r} (ai3 indexes with integers, slices, None and ...; not with tensors)"
+    )
+
+
+def _index(lw: Lowerer, n, src: Any, idx: Any) -> None:
+    """``x[...]`` with basic indexing, as an ``index`` node."""
+    items = idx if isinstance(idx, tuple) else (idx,)
+    kinds, starts, stops, steps = zip(*(_index_entry(i) for i in items), strict=True)
+    params = {"kinds": list(kinds), "starts": list(starts), "stops": list(stops)}
+    lw.step(n, "index", [src], {**params, "steps": list(steps)})
+    lw.view(n, src)
+
+
 def _reshape(sig: Sig, name: str) -> Callable:
     """``torch.reshape(x, shape)``, ``x.reshape(*shape)`` and ``x.view(*size)``:
     each size a constant or a symbolic size read from a tensor at run time."""
@@ -81,16 +140,8 @@ def _reshape(sig: Sig, name: str) -> Callable:
                 raise Unsupported("reshape to another tensor's whole shape")
             shape = [shape]
         entries = shape if isinstance(shape, list | tuple) else [shape]
-        exprs = [lw.size(e) for e in entries]
-        data = lw.tensor(x)
-        extra: list[torch.fx.Node] = []
-        for e in exprs:
-            for m in S.nodes_of(e):
-                if m is not data and m not in extra:
-                    extra.append(m)
-        index = {data: 0, **{m: i + 1 for i, m in enumerate(extra)}}
-        spec = [S.encode(e, index) for e in exprs]
-        lw.step(n, "reshape", [data], {"shape": spec}, shapes=tuple(extra))
+        spec, extra = _size_spec(lw, x, entries)
+        lw.step(n, "reshape", [x], {"shape": spec}, shapes=extra)
         lw.view(n, x)
 
     return handler
@@ -124,7 +175,7 @@ _GETITEM = Sig("a, b")
 def _getitem(lw: Lowerer, n) -> None:
     b = _GETITEM.bind(n)
     src, idx = b["a"], b["b"]
-    if isinstance(idx, torch.fx.Node):
+    if _has_node(idx):
         raise Unsupported("an index computed by the network")
     k = lw.kind.get(lw.canonical(src)) if isinstance(src, torch.fx.Node) else None
     if k == OPAQUE:
@@ -146,8 +197,10 @@ def _getitem(lw: Lowerer, n) -> None:
         how = {"chunks": k.chunks, "split_size": k.split_size, "sections": k.sections}
         lw.unary(n, k.node, "slice", dim=k.dim, index=idx, **how)
         lw.view(n, src)
+    elif lw.is_value(src):
+        _index(lw, n, src, idx)
     else:
-        raise Unsupported("indexing (only chunk/split pieces and sizes can be indexed)")
+        raise Unsupported("indexing (only tensors, chunk/split pieces and sizes can be indexed)")
 
 
 _GETATTR = Sig("obj, name")
@@ -170,6 +223,39 @@ def _size_method(lw: Lowerer, n) -> None:
     lw.kind[n] = S.ShapeOf(x) if dim is None else S.Dim(x, as_int("dim", dim))
 
 
+def _rank(lw: Lowerer, n) -> None:
+    """``x.dim()``: only shape assertions read it."""
+    lw.kind[n] = S.ShapeFact(lw.shape_source(Sig("input").bind(n)["input"]))
+
+
+_COMPARISONS = (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge)
+
+
+def _compare(lw: Lowerer, n) -> None:
+    """A comparison of sizes (``h == self.image_size``): only shape assertions read it."""
+    b = _GETITEM.bind(n)
+    if lw.is_value(b["a"]) or lw.is_value(b["b"]):
+        raise Unsupported("comparison of tensors")
+    lw.kind[n] = S.ShapeFact(n)
+
+
+_ASSERT = Sig("condition, message", message=None)
+
+
+def _assert(lw: Lowerer, n) -> None:
+    """``torch._assert`` on shapes. Given a ``sample_input_shape``, ``convert``
+    runs the network once on it, which checks the assertion then; on other
+    shapes the operations' own shape checks apply, so the node is dropped.
+    A condition known false already makes the node unsupported."""
+    b = _ASSERT.bind(n)
+    cond = b["condition"]
+    if isinstance(cond, torch.fx.Node):
+        if not isinstance(lw.kind.get(lw.canonical(cond)), S.ShapeFact):
+            raise Unsupported("an assertion on values, not shapes")
+    elif not cond:
+        raise Unsupported(f"an assertion that fails: {b['message']!r}")
+
+
 _chunk = _pieces(Sig("input, chunks, dim", dim=0), "chunks", True)
 
 register(
@@ -184,6 +270,8 @@ register(
             Sig("tensor, split_size_or_sections, dim", dim=0), "split_size_or_sections", False
         ),
         operator.getitem: _getitem,
+        torch._assert: _assert,
+        **dict.fromkeys(_COMPARISONS, _compare),
         builtins.getattr: _getattr_fn,
     },
     methods={
@@ -195,5 +283,7 @@ register(
         "chunk": _chunk,
         "split": _pieces(Sig("input, split_size, dim", dim=0), "split_size", False),
         "size": _size_method,
+        "expand": _expand,
+        "dim": _rank,
     },
 )

@@ -476,6 +476,16 @@ impl Args {
         })
     }
 
+    /// A list of integers and `None`s that must be given.
+    pub fn opt_ints_list(&self, name: &str) -> Result<Vec<Option<i64>>> {
+        match self.get(name) {
+            None => Err(self.missing(name)),
+            Some(Attr::OptInts(v)) => Ok(v.clone()),
+            Some(Attr::Ints(v)) => Ok(v.iter().map(|&x| Some(x)).collect()),
+            Some(_) => Err(self.wrong(name, "a list of ints and Nones")),
+        }
+    }
+
     /// A tensor, if given (taken: a builder reads each tensor once).
     pub fn tensor(&mut self, name: &str) -> Result<Option<Tensor>> {
         match self.attrs.0.remove(name) {

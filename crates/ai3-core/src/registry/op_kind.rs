@@ -95,6 +95,10 @@ op_kinds! {
     Slice = "slice" => ops::shape::SLICE,
     /// Scaled dot-product attention.
     Attention = "attention" => ops::attention::SPEC,
+    /// Broadcasting to a larger shape (a contiguous copy).
+    Expand = "expand" => ops::view::EXPAND,
+    /// Basic indexing: slices, integers, `None`, `...` (a contiguous copy).
+    Index = "index" => ops::view::INDEX,
 }
 
 impl OpKind {

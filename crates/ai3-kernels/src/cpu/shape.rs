@@ -152,24 +152,74 @@ pub fn permute<T: Float>(
         return Ok(());
     }
     let (dims, strides) = collapse_permutation(shape, perm);
+    gather_rows(0, &dims, &strides, input, output);
+    Ok(())
+}
+
+/// `output[i] = input[offset + sum(i_k * strides[k])]` for every index `i`
+/// of an output of shape `dims` (row-major): a strided view of `input` made
+/// contiguous. A stride of 0 repeats an element (broadcasting). Buffers that
+/// do not match `dims`, or a view reaching past `input`, are an error.
+pub fn gather<T: Float>(
+    offset: usize,
+    dims: &[usize],
+    strides: &[usize],
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    if dims.len() != strides.len() {
+        return Err(KernelError::Precondition {
+            what: "gather needs one stride per dimension",
+        });
+    }
+    let len = checked_product("gather size", dims)?;
+    check_len("gather output", output.len(), len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let last = dims.iter().zip(strides).try_fold(offset, |acc, (&d, &s)| {
+        acc.checked_add((d - 1).checked_mul(s)?)
+    });
+    if last.is_none_or(|l| l >= input.len()) {
+        return Err(KernelError::Precondition {
+            what: "gather reads past its input",
+        });
+    }
+    if dims.is_empty() {
+        output[0] = input[offset];
+        return Ok(());
+    }
+    gather_rows(offset, dims, strides, input, output);
+    Ok(())
+}
+
+/// The loop of [`gather`] and [`permute`], on checked, non-empty dimensions.
+fn gather_rows<T: Float>(
+    offset: usize,
+    dims: &[usize],
+    strides: &[usize],
+    input: &[T],
+    output: &mut [T],
+) {
     let rank = dims.len();
     let (inner, step) = (dims[rank - 1], strides[rank - 1]);
     let run = |r: usize, dst: &mut [T]| {
-        let (mut rest, mut off) = (r, 0);
+        let (mut rest, mut off) = (r, offset);
         for k in (0..rank - 1).rev() {
             off += (rest % dims[k]) * strides[k];
             rest /= dims[k];
         }
-        if step == 1 {
-            dst.copy_from_slice(&input[off..off + inner]);
-        } else {
-            for (d, &s) in dst.iter_mut().zip(input[off..].iter().step_by(step)) {
-                *d = s;
+        match step {
+            1 => dst.copy_from_slice(&input[off..off + inner]),
+            0 => dst.fill(input[off]),
+            _ => {
+                for (d, &s) in dst.iter_mut().zip(input[off..].iter().step_by(step)) {
+                    *d = s;
+                }
             }
         }
     };
     for_each_row(output, inner, run);
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,201 @@
+"""The operations transformers need besides attention: ``expand``, basic
+indexing (``x[:, 0]``, ``x[..., 1:5:2]``, ``x[None]``), shape assertions on
+static shapes, and ``nn.MultiheadAttention`` traced as its projections around
+one ``attention`` node. Each compared with PyTorch at test time."""
+
+from __future__ import annotations
+
+import ai3
+import pytest
+import torch
+from conftest import assert_close
+from torch import nn
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def _same(module, *inputs, algos=None):
+    module = module.eval()
+    model = ai3.convert(module, algos)
+    want = module(*inputs)
+    got = model(*inputs)
+    assert got.shape == want.shape
+    assert_close(got, want, torch.float32)
+    return model
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x[:, 0],
+        lambda x: x[:, :2],
+        lambda x: x[..., 1:5:2],
+        lambda x: x[-1, -2:, None],
+        lambda x: x[None, ..., 0],
+        lambda x: x[1:1],  # empty
+        lambda x: x[:, 10:],  # past the end: empty, as in PyTorch
+        lambda x: x[0, 1, 2],
+        lambda x: x[..., -9:100],
+    ],
+)
+def test_indexing_matches_pytorch(fn):
+    _same(Fn(fn), torch.randn(3, 4, 6))
+
+
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (lambda x: x[::-1], "steps must be positive"),
+        (lambda x: x[:, 7], "index 7 is out of bounds for dimension 1 with size 4"),
+        (lambda x: x[0, 0, 0, 0], "4 indices for an input of shape"),
+    ],
+)
+def test_bad_indices_name_the_operation(fn, match):
+    with pytest.raises(ai3.Error, match=match):
+        ai3.convert(Fn(fn))(torch.randn(3, 4, 6))
+
+
+def test_indexing_with_tensors_is_unsupported():
+    class Gather(nn.Module):
+        def forward(self, x, i):
+            return x[i]
+
+    with pytest.raises(ai3.UnsupportedOperationError, match="index computed by the network"):
+        ai3.convert(Gather())
+
+
+class ClassToken(nn.Module):
+    """ViT's class token: a parameter expanded to the batch, then concatenated."""
+
+    def __init__(self):
+        super().__init__()
+        self.token = nn.Parameter(torch.randn(1, 1, 8))
+
+    def forward(self, x):
+        n = x.shape[0]
+        return torch.cat([self.token.expand(n, -1, -1), x], dim=1)
+
+
+def test_expand_follows_the_batch():
+    module = ClassToken().eval()
+    model = _same(module, torch.randn(3, 5, 8))
+    x = torch.randn(7, 2, 8)
+    assert_close(model(x), module(x), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda x: x.expand(2, 3, 4), (3, 1)),
+        (lambda x: x.expand(-1, 5), (3, 1)),
+        (lambda x: x.expand(4, -1), (1, 6)),
+        (lambda x: x.expand(2, -1, -1), (3, 4)),
+        (lambda x: x.expand(0, 3, 4), (3, 4)),
+    ],
+)
+def test_expand_matches_pytorch(fn, shape):
+    _same(Fn(fn), torch.randn(shape))
+
+
+def test_expand_of_a_size_other_than_one_is_an_error():
+    with pytest.raises(ai3.ShapeError, match="size 5 at dimension 1 cannot expand size 4"):
+        ai3.convert(Fn(lambda x: x.expand(3, 5)))(torch.randn(3, 4))
+
+
+class Asserting(nn.Module):
+    """ViT's shape checks: ``torch._assert`` on sizes and on the rank."""
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        torch._assert(h == 8, "wrong height")
+        torch._assert(x.dim() == 4, "wrong rank")
+        return x.flatten(2)
+
+
+def test_shape_assertions_are_checked_at_convert_time_and_dropped():
+    model = _same(Asserting(), torch.randn(2, 3, 8, 5))
+    assert [r["op"] for r in model.summary((2, 3, 8, 5))] == ["flatten"]
+    with pytest.raises(ai3.ShapeError, match="fails on sample_input_shape.*wrong height"):
+        ai3.convert(Asserting(), sample_input_shape=(2, 3, 9, 5))
+
+
+def test_an_assertion_on_values_is_unsupported():
+    class Values(nn.Module):
+        def forward(self, x):
+            torch._assert(x.sum() > 0, "positive")
+            return x
+
+    with pytest.raises(ai3.UnsupportedOperationError):
+        ai3.convert(Values())
+
+
+class Attn(nn.Module):
+    def __init__(self, mask=None, **kwargs):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 4, **kwargs)
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, kv):
+        return self.mha(q, kv, kv, attn_mask=self.mask, need_weights=False)[0]
+
+
+class SelfAttn(Attn):
+    def forward(self, x):
+        out, _ = self.mha(x, x, x, attn_mask=self.mask)
+        return out
+
+
+@pytest.mark.parametrize("algo", ["naive", "flash", "default"])
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_multihead_self_attention_is_one_attention_node(algo, batch_first, bias):
+    torch.manual_seed(0)
+    module = SelfAttn(batch_first=batch_first, bias=bias)
+    model = _same(module, torch.randn(3, 10, 16), algos={"attention": algo})
+    rows = model.summary((3, 10, 16))
+    assert [r["algorithm"] for r in rows if r["op"] == "attention"] != []
+    assert sum(r["op"] == "attention" for r in rows) == 1
+    if algo != "default":
+        assert {r["algorithm"] for r in rows if r["op"] == "attention"} == {algo}
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("kdim", [None, 12])
+def test_multihead_cross_attention_with_masks(mask, kdim):
+    torch.manual_seed(1)
+    held = {
+        None: None,
+        "bool": torch.rand(10, 7) > 0.7,  # True masks out, as MultiheadAttention reads it
+        "float": torch.randn(10, 7),
+    }[mask]
+    module = Attn(held, batch_first=True, kdim=kdim, vdim=kdim)
+    kv = torch.randn(2, 7, kdim or 16)
+    _same(module, torch.randn(2, 10, 16), kv)
+
+
+@pytest.mark.parametrize(
+    "kwargs, call, match",
+    [
+        ({"add_bias_kv": True}, {}, "add_bias_kv"),
+        ({}, {"key_padding_mask": True}, "key_padding_mask"),
+    ],
+)
+def test_what_multihead_attention_cannot_do_is_named(kwargs, call, match):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = nn.MultiheadAttention(8, 2, batch_first=True, **kwargs)
+
+        def forward(self, x):
+            pad = x[:, :, 0] > 0 if call else None
+            return self.mha(x, x, x, key_padding_mask=pad)[0]
+
+    with pytest.raises(ai3.UnsupportedOperationError, match=match):
+        ai3.convert(M().eval())
