@@ -62,9 +62,15 @@ struct Plan {
 /// thread, and parking would only add its wake-up cost.
 const PARALLEL_WORK: usize = 1 << 15;
 
+/// Plans kept per graph. A transformer meets a new shape for every sequence
+/// length: the least recently used plan goes, one at a time, never all at once.
+const PLANS_KEPT: usize = 64;
+
 #[derive(Debug, Default)]
 struct Runtime {
-    plans: HashMap<Vec<Vec<usize>>, Arc<Plan>>,
+    /// Plans by input shapes, with when each was last used (a tick of `clock`).
+    plans: HashMap<Vec<Vec<usize>>, (Arc<Plan>, u64)>,
+    clock: u64,
     /// Free arenas, by size in bytes.
     arenas: Vec<Tensor>,
     arenas_allocated: usize,
@@ -444,17 +450,31 @@ impl Graph {
     }
 
     fn plan_for(&self, input_shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
-        if let Some(plan) = self.runtime().plans.get(input_shapes) {
-            return Ok(plan.clone());
+        {
+            let mut rt = self.runtime();
+            rt.clock += 1;
+            let now = rt.clock;
+            if let Some((plan, used)) = rt.plans.get_mut(input_shapes) {
+                *used = now;
+                return Ok(plan.clone());
+            }
         }
         // Planned outside the lock: another thread may plan the same shape meanwhile, harmlessly.
         let plan = Arc::new(self.make_plan(input_shapes)?);
         let mut rt = self.runtime();
-        // Keep few plans: a model fed many shapes should not grow without bound.
-        if rt.plans.len() >= 8 {
-            rt.plans.clear();
+        // A model fed many shapes keeps the ones it uses, within a bound.
+        if rt.plans.len() >= PLANS_KEPT {
+            let oldest = rt
+                .plans
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                rt.plans.remove(&k);
+            }
         }
-        rt.plans.insert(input_shapes.to_vec(), plan.clone());
+        let now = rt.clock;
+        rt.plans.insert(input_shapes.to_vec(), (plan.clone(), now));
         Ok(plan)
     }
 
@@ -522,7 +542,12 @@ impl Graph {
     fn return_arena(&self, arena: Tensor) {
         let mut rt = self.runtime();
         // Arenas too small for the current plans are dropped rather than pooled forever.
-        let needed = rt.plans.values().map(|p| p.arena_bytes).max().unwrap_or(0);
+        let needed = rt
+            .plans
+            .values()
+            .map(|(p, _)| p.arena_bytes)
+            .max()
+            .unwrap_or(0);
         if arena.numel() * 4 >= needed && rt.arenas.len() < 16 {
             rt.arenas.push(arena);
         }
@@ -762,6 +787,26 @@ mod tests {
         assert_eq!(times.len(), g.nodes().len());
         assert!(times.iter().all(|t| t.is_finite() && *t >= 0.0));
         assert_eq!(out[0].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
+    }
+
+    #[test]
+    fn changing_shapes_evict_the_least_recently_used_plan_only() {
+        let g = relu_chain();
+        let run = |len: usize| {
+            let x = Tensor::zeros(DType::F32, &[1, 2, len]).unwrap();
+            g.run(vec![x]).unwrap();
+        };
+        // A sequence length that comes back (the first) survives a stream of
+        // new ones longer than the cache, as long as it keeps being used.
+        for len in 1..=3 * PLANS_KEPT {
+            run(len);
+            run(1);
+        }
+        let rt = g.runtime();
+        assert_eq!(rt.plans.len(), PLANS_KEPT);
+        assert!(rt.plans.contains_key(&vec![vec![1, 2, 1]]));
+        let last = vec![vec![1, 2, 3 * PLANS_KEPT]];
+        assert!(rt.plans.contains_key(&last));
     }
 
     #[test]
