@@ -199,3 +199,38 @@ def test_what_multihead_attention_cannot_do_is_named(kwargs, call, match):
 
     with pytest.raises(ai3.UnsupportedOperationError, match=match):
         ai3.convert(M().eval())
+
+
+class Two(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, a, b):
+        return self.fn(a, b)
+
+
+@pytest.mark.parametrize("fn", [torch.matmul, lambda a, b: a @ b, lambda a, b: a.matmul(b)])
+@pytest.mark.parametrize(
+    "sa, sb",
+    [((3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 6)), ((4,), (4, 5)),
+     ((2, 3, 4), (4,)), ((4,), (4,)), ((0, 3, 4), (4, 2)), ((3, 0), (0, 2))],
+)  # fmt: skip
+def test_matmul_broadcasts_like_pytorch(fn, sa, sb):
+    _same(Two(fn), torch.randn(sa), torch.randn(sb))
+
+
+def test_bmm_and_the_explicit_attention_pattern():
+    q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3)
+    _same(Two(torch.bmm), q, k.transpose(1, 2).contiguous())
+
+    class Explicit(nn.Module):
+        def forward(self, q, k, v):
+            return torch.softmax(q @ k.transpose(-2, -1) * 8**-0.5, dim=-1) @ v
+
+    _same(Explicit(), q, k, v)
+
+
+def test_matmul_shape_errors_name_the_shapes():
+    with pytest.raises(ai3.ShapeError, match=r"inner dimensions differ: shapes \[3, 4\] and \[5, 6\]"):
+        ai3.convert(Two(torch.matmul))(torch.randn(3, 4), torch.randn(5, 6))

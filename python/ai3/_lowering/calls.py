@@ -24,7 +24,7 @@ class Unsupported(Exception):
 #: tensors). Every other parameter must be a constant when the model is converted.
 VALUE_PARAMS = frozenset(
     {"input", "other", "tensor", "tensors", "weight", "bias", "running_mean", "running_var"}
-    | {"a", "b", "obj", "shape", "size", "query", "key", "value", "attn_mask", "condition"}
+    | {"a", "b", "obj", "shape", "size", "query", "key", "value", "attn_mask", "condition", "mat2"}
 )
 
 

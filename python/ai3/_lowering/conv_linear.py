@@ -1,7 +1,11 @@
-"""Convolution and linear layers: ``nn.Conv2d``, ``nn.Linear``, ``F.conv2d``,
-``F.linear`` (their functions' weights constants or graph values)."""
+"""Convolution, linear layers and matrix products: ``nn.Conv2d``,
+``nn.Linear``, ``F.conv2d``, ``F.linear`` (their functions' weights constants
+or graph values), and ``torch.matmul`` / ``@`` / ``torch.bmm``."""
 
 from __future__ import annotations
+
+import operator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,8 +74,26 @@ def _linear_fn(lw: Lowerer, n) -> None:
     lw.step(n, "linear", inputs, {"weight": w, "bias": bias})
 
 
+def _matmul(sig: Sig, a: str, b: str) -> Callable:
+    def handler(lw: Lowerer, n) -> None:
+        bound = sig.bind(n)
+        lw.step(n, "matmul", [bound[a], bound[b]])
+
+    return handler
+
+
+_MATMUL = _matmul(Sig("input, other, *, out", out=None, fixed="out"), "input", "other")
+_BMM = _matmul(Sig("input, mat2, *, out", out=None, fixed="out"), "input", "mat2")
+
 register(
     modules={nn.Conv2d: _conv_module, nn.Linear: _linear_module},
     # F.conv2d is torch.conv2d.
-    functions={torch.conv2d: _conv_fn, F.linear: _linear_fn},
+    functions={
+        torch.conv2d: _conv_fn,
+        F.linear: _linear_fn,
+        torch.matmul: _MATMUL,
+        torch.bmm: _BMM,
+        operator.matmul: _matmul(Sig("a, b"), "a", "b"),
+    },
+    methods={"matmul": _MATMUL, "bmm": _BMM},
 )

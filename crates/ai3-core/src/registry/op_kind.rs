@@ -95,6 +95,8 @@ op_kinds! {
     Slice = "slice" => ops::shape::SLICE,
     /// Scaled dot-product attention.
     Attention = "attention" => ops::attention::SPEC,
+    /// Matrix product over broadcast batch dimensions (`torch.matmul`).
+    Matmul = "matmul" => ops::matmul::SPEC,
     /// Broadcasting to a larger shape (a contiguous copy).
     Expand = "expand" => ops::view::EXPAND,
     /// Basic indexing: slices, integers, `None`, `...` (a contiguous copy).
