@@ -14,7 +14,7 @@ use crate::params::AttentionParams;
 use crate::Float;
 
 /// Query rows per task.
-pub const BLOCK_Q: usize = 64;
+pub const BLOCK_Q: usize = 128;
 /// Keys per step.
 pub const BLOCK_K: usize = 256;
 
@@ -108,11 +108,9 @@ pub fn attention<T: Float>(
                                     continue;
                                 }
                                 let alpha = (maxes[r] - m_new).exp();
-                                let mut sum = T::zero();
-                                for x in row.iter_mut() {
-                                    *x = (*x - m_new).exp();
-                                    sum += *x;
-                                }
+                                row.iter_mut().for_each(|x| *x = *x - m_new);
+                                T::exp_in_place(row);
+                                let sum: T = row.iter().copied().sum();
                                 sums[r] = sums[r] * alpha + sum;
                                 maxes[r] = m_new;
                                 if alpha != T::one() {

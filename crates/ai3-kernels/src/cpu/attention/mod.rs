@@ -88,7 +88,6 @@ pub(crate) fn finish_scores<T: Float>(
     i: usize,
     j0: usize,
 ) -> T {
-    let mut max = T::neg_infinity();
     let masked = |s: &mut [T]| {
         if let Some(m) = mask {
             let base = m.offsets[bh] + i * m.row_stride + j0 * m.col_stride;
@@ -104,14 +103,14 @@ pub(crate) fn finish_scores<T: Float>(
         let keep = (i + 1).saturating_sub(j0);
         scores[keep..].fill(T::neg_infinity());
     }
+    let mut max = T::neg_infinity();
+    // A select, not f32::max, so the loop vectorises; a NaN score is skipped
+    // here but still makes its row NaN through the exponentials' sum.
     for &x in scores.iter() {
-        // NaN propagates: the row's result is NaN, as in PyTorch.
-        if x > max || x.is_nan() {
-            max = x;
-        }
-        if max.is_nan() {
-            break;
-        }
+        max = if x > max { x } else { max };
+    }
+    if max == T::neg_infinity() && scores.iter().any(|x| x.is_nan()) {
+        return T::nan(); // only NaNs (and masked keys): the row is NaN, not masked
     }
     max
 }

@@ -62,11 +62,9 @@ pub fn attention<T: Float>(
                     row.fill(T::zero()); // every key masked: zeros, as in PyTorch
                     return;
                 }
-                let mut sum = T::zero();
-                for x in row.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
+                row.iter_mut().for_each(|x| *x = *x - max);
+                T::exp_in_place(row);
+                let sum: T = row.iter().copied().sum();
                 let inv = T::one() / sum;
                 row.iter_mut().for_each(|x| *x *= inv);
             };

@@ -182,3 +182,21 @@ fn no_keys_give_zeros_and_wrong_buffers_are_errors() {
         .is_err());
     }
 }
+
+#[test]
+fn a_nan_makes_its_row_nan_in_both_algorithms() {
+    let p = params(1, 1, 1, 3, 600, 4, 2, false);
+    let (lq, lk, lv, lo) = p.lens().unwrap();
+    let mut q = vec![0.5f32; lq];
+    q[4] = f32::NAN; // query row 1
+    let (k, v) = (vec![0.25f32; lk], vec![1.0f32; lv]);
+    for kernel in [naive::attention::<f32>, flash::attention::<f32>] {
+        let mut out = vec![0.0f32; lo];
+        kernel(&p, &q, &k, &v, None, &mut out).unwrap();
+        assert!(out[2..4].iter().all(|x| x.is_nan()), "{out:?}");
+        assert!(out[..2]
+            .iter()
+            .chain(&out[4..])
+            .all(|&x| (x - 1.0).abs() < 1e-6));
+    }
+}
