@@ -8,6 +8,8 @@ from __future__ import annotations
 import ai3
 import pytest
 import torch
+import torch.nn.functional as F
+import torchvision
 from conftest import assert_close
 from torch import nn
 
@@ -232,5 +234,53 @@ def test_bmm_and_the_explicit_attention_pattern():
 
 
 def test_matmul_shape_errors_name_the_shapes():
-    with pytest.raises(ai3.ShapeError, match=r"inner dimensions differ: shapes \[3, 4\] and \[5, 6\]"):
+    with pytest.raises(
+        ai3.ShapeError, match=r"inner dimensions differ: shapes \[3, 4\] and \[5, 6\]"
+    ):
         ai3.convert(Two(torch.matmul))(torch.randn(3, 4), torch.randn(5, 6))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: F.pad(x, (1, 2)),
+        lambda x: F.pad(x, (0, 0, 0, 1, 2, 0), value=-3.5),
+        lambda x: torch.roll(x, shifts=(-1, 2), dims=(1, 2)),
+        lambda x: torch.roll(x, 5),
+        lambda x: x.roll(-7, 0),
+        lambda x: torch.roll(x, shifts=(1, 1), dims=(2, 2)),
+    ],
+)
+def test_pad_and_roll_match_pytorch(fn):
+    _same(Fn(fn), torch.randn(3, 4, 5))
+
+
+def test_what_pad_cannot_do_is_named():
+    with pytest.raises(ai3.UnsupportedOperationError, match="mode='reflect'"):
+        ai3.convert(Fn(lambda x: F.pad(x, (1, 1), mode="reflect")))
+    with pytest.raises(ai3.InvalidArgumentError, match="negative padding"):
+        ai3.convert(Fn(lambda x: F.pad(x, (-1, 1))))
+
+
+def _swin(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return getattr(torchvision.models, name)(weights=None).eval()
+
+
+def test_swin_needs_a_sample_shape_and_says_so():
+    with pytest.raises(ai3.UnsupportedOperationError, match="give convert a sample_input_shape"):
+        ai3.convert(_swin("swin_t"))
+
+
+@pytest.mark.parametrize("algo", ["naive", "flash"])
+def test_swin_t_matches_pytorch(algo):
+    net = _swin("swin_t")
+    model = ai3.convert(net, {"attention": algo}, sample_input_shape=(1, 3, 224, 224))
+    x = torch.randn(2, 3, 224, 224)  # another batch than the sample's
+    with torch.inference_mode():
+        want = net(x)
+    got = model(x)
+    assert float((got - want).abs().max()) <= 1e-3 * float(want.abs().max())
+    rows = model.summary((2, 3, 224, 224)).rows
+    assert {r["algorithm"] for r in rows if r["op"] == "attention"} == {algo}
+    assert sum(r["op"] == "roll" for r in rows) > 0

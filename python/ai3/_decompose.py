@@ -1,11 +1,19 @@
 """Modules traced as the functional code they compute, so that each of their
-steps becomes an ai3 node: ``nn.MultiheadAttention`` is its input
-projections, one ``attention`` node (scaled dot-product attention, whose
-algorithm is selectable) and its output projection.
+steps becomes an ai3 node:
 
-:class:`ai3._shapes.Tracer` calls :func:`decompose` for each module call;
-a call it cannot honour (``why_not`` says why) stays one ``call_module``
-node, which the lowering reports as unsupported with that reason.
+- ``nn.MultiheadAttention``: its input projections, one ``attention`` node
+  (scaled dot-product attention, whose algorithm is selectable) and its
+  output projection;
+- torchvision's Swin blocks (``ShiftedWindowAttention``, ``PatchMerging``):
+  windows cut by reshapes and permutes, the cyclic shift a ``roll``, and the
+  attention one ``attention`` node whose mask (the relative position bias
+  plus the shifted windows' mask) is computed once, at convert time. Their
+  windows depend on the image size, so they need ``sample_input_shape``.
+
+:class:`ai3._shapes.Tracer` calls :func:`decompose` for each module call,
+with the module's input shape when ``convert`` knows it; a call it cannot
+honour (``why_not`` says why) stays one ``call_module`` node, which the
+lowering reports as unsupported with that reason.
 """
 
 from __future__ import annotations
@@ -95,28 +103,148 @@ def _mha(m: nn.MultiheadAttention, args: tuple, kwargs: dict) -> Any:
     return out, None
 
 
-#: Modules traced as functional code, by class: ``(why_not, decomposition)``.
-DECOMPOSITIONS: dict[type, tuple[Callable, Callable]] = {
-    nn.MultiheadAttention: (
-        lambda m, args, kwargs: mha_why_not(m, _mha_args(m, args, kwargs)),
-        _mha,
-    ),
-}
+def _swin_shape(shape: Any) -> str | None:
+    if shape is None:
+        return (
+            "Swin's windows depend on the image size: give convert a sample_input_shape "
+            "(the network's native one, e.g. (1, 3, 224, 224))"
+        )
+    if len(shape) != 4:
+        return f"input of shape {list(shape)} (expected [batch, height, width, channels])"
+    return None
 
 
-def why_not(m: nn.Module, args: tuple, kwargs: dict) -> str | None:
+def _swin_attention_why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
+    if type(m).__name__ != "ShiftedWindowAttention":
+        return "Swin v2's cosine attention"
+    if m.training and (m.dropout > 0 or m.attention_dropout > 0):
+        return "training mode with dropout (call .eval() before ai3.convert)"
+    return _swin_shape(shape)
+
+
+def _shift_mask(pad_h: int, pad_w: int, ws: list[int], shift: list[int]) -> torch.Tensor:
+    """torchvision's mask of the shifted windows: ``[windows, N, N]``, -100
+    between positions that came from different regions."""
+    mask = torch.zeros(pad_h, pad_w)
+    h_slices = ((0, -ws[0]), (-ws[0], -shift[0]), (-shift[0], None))
+    w_slices = ((0, -ws[1]), (-ws[1], -shift[1]), (-shift[1], None))
+    count = 0
+    for h in h_slices:
+        for w in w_slices:
+            mask[h[0] : h[1], w[0] : w[1]] = count
+            count += 1
+    mask = mask.view(pad_h // ws[0], ws[0], pad_w // ws[1], ws[1]).permute(0, 2, 1, 3)
+    mask = mask.reshape(-1, ws[0] * ws[1])
+    mask = mask.unsqueeze(1) - mask.unsqueeze(2)
+    return mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
+
+
+def _swin_attention(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
+    """torchvision's ``shifted_window_attention`` for an input of ``shape``:
+    the batch stays symbolic, the windows are fixed."""
+    from torchvision.models.swin_transformer import _get_relative_position_bias
+
+    x = args[0] if args else kwargs["x"]
+    _, h, w, c = shape
+    ws, shift, heads = list(m.window_size), list(m.shift_size), m.num_heads
+    pad_r, pad_b = (ws[1] - w % ws[1]) % ws[1], (ws[0] - h % ws[0]) % ws[0]
+    if pad_r or pad_b:
+        x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
+    ph, pw = h + pad_b, w + pad_r
+    shift = [0 if ws[0] >= ph else shift[0], 0 if ws[1] >= pw else shift[1]]
+    if sum(shift) > 0:
+        x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    nh, nw, n = ph // ws[0], pw // ws[1], ws[0] * ws[1]
+    batch = x.size(0)
+    x = (
+        x.view(batch, nh, ws[0], nw, ws[1], c)
+        .permute(0, 1, 3, 2, 4, 5)
+        .reshape(batch, nh * nw, n, c)
+    )
+    qkv = F.linear(x, m.qkv.weight, m.qkv.bias).reshape(batch, nh * nw, n, 3, heads, c // heads)
+    qkv = qkv.permute(3, 0, 1, 4, 2, 5)  # [3, batch, windows, heads, N, head_dim]
+    table, index = (
+        m._parameters["relative_position_bias_table"],
+        m._buffers["relative_position_index"],
+    )
+    mask = _get_relative_position_bias(table, index, ws).detach()  # [1, heads, N, N]
+    if sum(shift) > 0:
+        mask = mask + _shift_mask(ph, pw, ws, shift).unsqueeze(1)  # [windows, heads, N, N]
+    out = F.scaled_dot_product_attention(
+        qkv[0], qkv[1], qkv[2], attn_mask=mask.contiguous(), scale=(c // heads) ** -0.5
+    )
+    out = out.transpose(2, 3).reshape(batch, nh * nw, n, c)
+    out = F.linear(out, m.proj.weight, m.proj.bias)
+    out = (
+        out.view(batch, nh, nw, ws[0], ws[1], c).permute(0, 1, 3, 2, 4, 5).reshape(batch, ph, pw, c)
+    )
+    if sum(shift) > 0:
+        out = torch.roll(out, shifts=(shift[0], shift[1]), dims=(1, 2))
+    if pad_r or pad_b:
+        out = out[:, :h, :w, :]
+    return out
+
+
+def _patch_merging_why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
+    if type(m).__name__ != "PatchMerging":
+        return "Swin v2's patch merging"
+    return _swin_shape(shape)
+
+
+def _patch_merging(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
+    x = args[0] if args else kwargs["x"]
+    h, w = shape[-3], shape[-2]
+    if h % 2 or w % 2:
+        x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+    parts = [
+        x[..., 0::2, 0::2, :],
+        x[..., 1::2, 0::2, :],
+        x[..., 0::2, 1::2, :],
+        x[..., 1::2, 1::2, :],
+    ]
+    return m.reduction(m.norm(torch.cat(parts, -1)))
+
+
+def _mha_why(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
+    return mha_why_not(m, _mha_args(m, args, kwargs))
+
+
+def _entries() -> dict[type, tuple[Callable, Callable]]:
+    entries: dict[type, tuple[Callable, Callable]] = {
+        nn.MultiheadAttention: (_mha_why, lambda m, a, k, s: _mha(m, a, k)),
+    }
+    try:
+        from torchvision.models import swin_transformer as swin
+    except ImportError:  # torchvision is optional
+        return entries
+    for cls in (swin.ShiftedWindowAttention, swin.ShiftedWindowAttentionV2):
+        entries[cls] = (_swin_attention_why_not, _swin_attention)
+    for cls in (swin.PatchMerging, swin.PatchMergingV2):
+        entries[cls] = (_patch_merging_why_not, _patch_merging)
+    return entries
+
+
+#: Modules traced as functional code, by class: ``(why_not, decomposition)``,
+#: each called as ``f(module, args, kwargs, input_shape or None)``.
+DECOMPOSITIONS: dict[type, tuple[Callable, Callable]] = _entries()
+
+#: The modules whose decomposition needs their input shape.
+NEEDS_SHAPES = tuple(t for t in DECOMPOSITIONS if t is not nn.MultiheadAttention)
+
+
+def why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any = None) -> str | None:
     """Why a call of ``m`` cannot be decomposed, or None (also None for
     modules without a decomposition)."""
+    if m._forward_hooks or m._forward_pre_hooks:
+        return "forward hooks, which ai3 would not run"
     entry = DECOMPOSITIONS.get(type(m))
-    return None if entry is None else entry[0](m, args, kwargs)
+    return None if entry is None else entry[0](m, args, kwargs, shape)
 
 
-def decompose(m: nn.Module, args: tuple, kwargs: dict) -> Any:
+def decompose(m: nn.Module, args: tuple, kwargs: dict, shape: Any = None) -> Any:
     """The traced functional form of ``m(*args, **kwargs)``, or
     ``NotImplemented`` when ``m`` has none or this call cannot use it."""
     entry = DECOMPOSITIONS.get(type(m))
-    if entry is None or m._forward_hooks or m._forward_pre_hooks:
+    if entry is None or why_not(m, args, kwargs, shape) is not None:
         return NotImplemented
-    if entry[0](m, args, kwargs) is not None:
-        return NotImplemented
-    return entry[1](m, args, kwargs)
+    return entry[1](m, args, kwargs, shape)

@@ -92,20 +92,37 @@ class Tracer(torch.fx.Tracer):
 
         return is_swapped(m) or super().is_leaf_module(m, module_qualified_name)
 
+    def __init__(self, shapes: dict[nn.Module, tuple[int, ...]] | None = None):
+        super().__init__()
+        #: Input shapes of the modules whose decomposition needs one.
+        self.shapes = shapes or {}
+
     def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
-        """Modules with a decomposition (``nn.MultiheadAttention``) are traced
-        as their functional form (see :mod:`ai3._decompose`)."""
-        from ._decompose import decompose
+        """Modules with a decomposition (``nn.MultiheadAttention``, Swin's
+        blocks) are traced as their functional form (see :mod:`ai3._decompose`);
+        one that cannot be stays a single node, reported with the reason."""
+        from ._decompose import DECOMPOSITIONS, decompose
 
-        out = decompose(m, args, kwargs)
-        if out is NotImplemented:
+        if type(m) not in DECOMPOSITIONS:
             return super().call_module(m, forward, args, kwargs)
-        return out
+        out = decompose(m, args, kwargs, self.shapes.get(m))
+        if out is not NotImplemented:
+            return out
+        name = self.path_of_module(m)
+        return self.create_proxy("call_module", name, args, kwargs)
 
 
-def trace(module: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace(module)`` with swapped modules as leaves."""
-    tracer = Tracer()
+def trace(module: nn.Module, sample_input_shape: Any = None) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace(module)`` with swapped modules as leaves, and
+    modules with a decomposition traced as it (those that need their input
+    shape get it from one run on ``sample_input_shape``)."""
+    from ._decompose import NEEDS_SHAPES
+
+    shapes = None
+    targets = [m for m in module.modules() if isinstance(m, NEEDS_SHAPES)]
+    if targets and sample_input_shape is not None:
+        shapes = input_shapes_of_modules(module, sample_input_shape, targets)
+    tracer = Tracer(shapes)
     graph = tracer.trace(module)
     return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
 

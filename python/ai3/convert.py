@@ -238,7 +238,7 @@ def convert(
         # module semantics (padding modes, ...), not through its forward.
         module = nn.Sequential(OrderedDict([(type(module).__name__.lower(), module)]))
     try:
-        gm = trace(module)
+        gm = trace(module, sample_input_shape)
     except Exception as e:  # fx raises many types; all mean "cannot trace"
         raise UnsupportedOperationError(
             [(type(module).__name__, "torch.fx.symbolic_trace")],

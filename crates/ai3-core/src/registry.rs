@@ -482,11 +482,18 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(Reshape, Direct, "copy under a new shape"),
     row!(Slice, Direct, "row-wise copy of one piece"),
     row!(
+        Matmul,
+        Gemm,
+        "one blocked GEMM per batch, broadcast batches not copied"
+    ),
+    row!(
         Expand,
         Direct,
         "strided copy, repeated dimensions read with stride 0"
     ),
     row!(Index, Direct, "strided copy of the indexed view"),
+    row!(Pad, Direct, "row copies into a filled output"),
+    row!(Roll, Direct, "row copies in two rotated segments"),
     row!(
         Attention,
         Flash,
@@ -749,6 +756,13 @@ mod tests {
             Request::parse(OpKind::Conv2d, "fft").unwrap(),
             Request::Named(Algorithm::Fft)
         );
+    }
+
+    #[test]
+    fn every_operation_has_a_cpu_row() {
+        for &op in OpKind::ALL {
+            assert!(entries(op, DeviceKind::Cpu).next().is_some(), "{op}");
+        }
     }
 
     #[test]

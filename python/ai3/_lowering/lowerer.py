@@ -328,8 +328,7 @@ class Lowerer:
         elif n.op == "call_module":
             m = self.gm.get_submodule(n.target)
             if type(m) in DECOMPOSITIONS:  # traced as functional code when it can be
-                args = tuple(n.args)
-                raise Unsupported(why_not(m, args, dict(n.kwargs)) or "forward hooks")
+                raise Unsupported(why_not(m, tuple(n.args), dict(n.kwargs)) or "no decomposition")
             handler = _handler(MODULES, type(m))
             _check_hooks(m)
             handler(self, n, m, INPUT.bind(n)["input"])

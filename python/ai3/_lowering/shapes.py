@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 from torch import nn
 
 from .. import _sizes as S
-from .calls import Sig, Unsupported, _has_node, as_int, as_ints
+from .calls import Sig, Unsupported, _has_node, as_float, as_int, as_ints
 from .lowerer import OPAQUE, Lowerer, Pieces
 from .registry import register
 
@@ -223,6 +224,33 @@ def _size_method(lw: Lowerer, n) -> None:
     lw.kind[n] = S.ShapeOf(x) if dim is None else S.Dim(x, as_int("dim", dim))
 
 
+_PAD = Sig("input, pad, mode, value", mode="constant", value=None)
+
+
+def _pad(lw: Lowerer, n) -> None:
+    """``F.pad`` with ``mode='constant'`` (the other modes pad images: unsupported here)."""
+    b = _PAD.bind(n)
+    if b["mode"] != "constant":
+        raise Unsupported(f"mode={b['mode']!r} (ai3 pads with a constant)")
+    value = 0.0 if b["value"] is None else as_float("value", b["value"])
+    lw.step(n, "pad", [b["input"]], {"pad": as_ints("pad", b["pad"]), "value": value})
+
+
+_ROLL = Sig("input, shifts, dims", dims=None)
+
+
+def _roll(lw: Lowerer, n) -> None:
+    b = _ROLL.bind(n)
+
+    def ints(name: str, v: Any) -> list[int]:
+        return [as_int(name, v)] if isinstance(v, int) else as_ints(name, v)
+
+    params = {"shifts": ints("shifts", b["shifts"])}
+    if b["dims"] is not None:
+        params["dims"] = ints("dims", b["dims"])
+    lw.step(n, "roll", [b["input"]], params)
+
+
 def _rank(lw: Lowerer, n) -> None:
     """``x.dim()``: only shape assertions read it."""
     lw.kind[n] = S.ShapeFact(lw.shape_source(Sig("input").bind(n)["input"]))
@@ -271,6 +299,8 @@ register(
         ),
         operator.getitem: _getitem,
         torch._assert: _assert,
+        F.pad: _pad,
+        torch.roll: _roll,
         **dict.fromkeys(_COMPARISONS, _compare),
         builtins.getattr: _getattr_fn,
     },
@@ -284,6 +314,7 @@ register(
         "split": _pieces(Sig("input, split_size, dim", dim=0), "split_size", False),
         "size": _size_method,
         "expand": _expand,
+        "roll": _roll,
         "dim": _rank,
     },
 )

@@ -25,6 +25,7 @@ pub(crate) mod reduce;
 pub(crate) mod reshape;
 mod runtime_weights;
 pub(crate) mod shape;
+pub(crate) mod shift;
 pub(crate) mod view;
 
 pub use activation::{Activation, ActivationKind};
@@ -43,6 +44,7 @@ pub use reduce::{Mean, Softmax};
 pub use reshape::{Reshape, SizeExpr};
 pub use runtime_weights::{BuildLayer, RuntimeWeights};
 pub use shape::{Concat, Permute, Slice, SliceMode};
+pub use shift::{Pad, Roll};
 pub use view::{Expand, Index, IndexItem};
 
 /// A node's computation: validated at construction, then run many times.

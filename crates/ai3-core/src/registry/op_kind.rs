@@ -101,6 +101,10 @@ op_kinds! {
     Expand = "expand" => ops::view::EXPAND,
     /// Basic indexing: slices, integers, `None`, `...` (a contiguous copy).
     Index = "index" => ops::view::INDEX,
+    /// Constant padding of trailing dimensions.
+    Pad = "pad" => ops::shift::PAD,
+    /// Cyclic shift along dimensions.
+    Roll = "roll" => ops::shift::ROLL,
 }
 
 impl OpKind {

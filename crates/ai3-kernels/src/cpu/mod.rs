@@ -18,6 +18,7 @@ pub mod pool;
 pub mod reduce;
 pub(crate) mod scratch;
 pub mod shape;
+pub mod shift;
 
 #[cfg(test)]
 pub(crate) mod test_util;
