@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -44,7 +45,9 @@ def input_shapes_of_nodes(
         shapes = [shapes]
     with _eval_no_grad(gm):
         try:
-            ShapeProp(gm).propagate(*[_zeros(gm, s, dtype) for s in shapes])
+            # ShapeProp prints the traceback of a failing node itself; the error below says it.
+            with contextlib.redirect_stderr(io.StringIO()):
+                ShapeProp(gm).propagate(*[_zeros(gm, s, dtype) for s in shapes])
         except Exception as e:  # the network's own error on these shapes (an assertion, ...)
             from .errors import ShapeError
 

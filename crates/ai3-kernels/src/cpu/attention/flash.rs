@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::{check, finish_scores, Mask};
+use super::{finish_scores, kv_head, prologue, Mask};
 use crate::alloc::KernelResult;
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::cpu::scratch::with_scratch;
@@ -35,22 +35,17 @@ pub fn attention<T: Float>(
     mask: Option<&Mask<'_, T>>,
     output: &mut [T],
 ) -> KernelResult<()> {
-    check(p, q, k, v, mask, output)?;
+    if !prologue(p, q, k, v, mask, output)? {
+        return Ok(());
+    }
     let (lq, lk, d, dv) = (p.q_len, p.kv_len, p.head_dim, p.v_dim);
-    if output.is_empty() {
-        return Ok(());
-    }
-    if lk == 0 {
-        output.fill(T::zero());
-        return Ok(());
-    }
     let scale = T::from_f64(p.scale).unwrap_or_else(T::nan);
     let bk = BLOCK_K.min(lk);
     output
         .par_chunks_mut(lq * dv)
         .enumerate()
         .try_for_each(|(bh, head_out)| {
-            let kvh = (bh / p.heads) * p.kv_heads + (bh % p.heads) / p.group();
+            let kvh = kv_head(p, bh);
             let kh = &k[kvh * lk * d..][..lk * d];
             let vh = &v[kvh * lk * dv..][..lk * dv];
             head_out

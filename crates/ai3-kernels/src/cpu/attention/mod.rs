@@ -62,17 +62,28 @@ impl<T> Mask<'_, T> {
     }
 }
 
-/// Checks buffers and mask before any write.
-pub(crate) fn check<T>(
+/// What both algorithms do first: check buffers and mask before any write,
+/// and settle the cases with nothing to compute (no output; no keys, which
+/// gives zeros as in PyTorch). Returns whether the kernel still has work.
+pub(crate) fn prologue<T: Float>(
     p: &AttentionParams,
     q: &[T],
     k: &[T],
     v: &[T],
     mask: Option<&Mask<'_, T>>,
-    out: &[T],
-) -> KernelResult<()> {
+    out: &mut [T],
+) -> KernelResult<bool> {
     p.check_buffers(q.len(), k.len(), v.len(), out.len())?;
-    mask.map_or(Ok(()), |m| m.check(p))
+    mask.map_or(Ok(()), |m| m.check(p))?;
+    if p.kv_len == 0 {
+        out.fill(T::zero());
+    }
+    Ok(!out.is_empty() && p.kv_len > 0)
+}
+
+/// The flat key/value head that flat query head `bh` reads.
+pub(crate) fn kv_head(p: &AttentionParams, bh: usize) -> usize {
+    (bh / p.heads) * p.kv_heads + (bh % p.heads) / p.group()
 }
 
 /// The scores of query `i` (row `row` of a block whose first key is `j0`)

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{check, finish_scores, Mask};
+use super::{finish_scores, kv_head, prologue, Mask};
 use crate::alloc::KernelResult;
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::cpu::scratch::with_scratch;
@@ -24,19 +24,14 @@ pub fn attention<T: Float>(
     mask: Option<&Mask<'_, T>>,
     output: &mut [T],
 ) -> KernelResult<()> {
-    check(p, q, k, v, mask, output)?;
+    if !prologue(p, q, k, v, mask, output)? {
+        return Ok(());
+    }
     let (lq, lk, d, dv) = (p.q_len, p.kv_len, p.head_dim, p.v_dim);
-    if output.is_empty() {
-        return Ok(());
-    }
-    if lk == 0 {
-        output.fill(T::zero());
-        return Ok(());
-    }
     let heads = p.batch * p.heads;
     let threads = rayon::current_num_threads();
     let per_head = |bh: usize, out: &mut [T], par: gemm::Parallelism| -> KernelResult<()> {
-        let kvh = (bh / p.heads) * p.kv_heads + (bh % p.heads) / p.group();
+        let kvh = kv_head(p, bh);
         with_scratch(lq * lk, |scores: &mut [T]| {
             let qh = &q[bh * lq * d..][..lq * d];
             let kh = &k[kvh * lk * d..][..lk * d];

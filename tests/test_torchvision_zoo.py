@@ -1,0 +1,73 @@
+"""Every torchvision classification model, converted whole at its native
+image size (the crop size of its weights' transforms, read from torchvision's
+metadata; nothing is downloaded) with random weights, batch 1, against
+PyTorch to 1e-3 of the output's scale. The models that do not convert yet
+are listed with the reason, as strict expected failures: one that starts
+converting fails the suite until it is taken off the list."""
+
+from __future__ import annotations
+
+import ai3
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+#: Models that do not convert yet, and why.
+NOT_YET = {
+    "maxvit_t": "einsum, and indices computed by the network",
+    "swin_v2_t": "Swin v2's cosine attention and its continuous position bias",
+    "swin_v2_s": "Swin v2's cosine attention and its continuous position bias",
+    "swin_v2_b": "Swin v2's cosine attention and its continuous position bias",
+}
+
+NAMES = torchvision.models.list_models(module=torchvision.models)
+
+
+def _native_size(name: str) -> int:
+    return torchvision.models.get_model_weights(name).DEFAULT.transforms().crop_size[0]
+
+
+def _build(name: str, size: int) -> nn.Module:
+    kwargs: dict = {}
+    if name in ("googlenet", "inception_v3"):
+        kwargs = {"aux_logits": False, "init_weights": True}
+    if name.startswith("vit_"):
+        kwargs["image_size"] = size  # built for the size its weights were trained at
+    torch.manual_seed(0)
+    net = torchvision.models.get_model(name, weights=None, **kwargs).eval()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.Linear) and not m.weight.any():
+                nn.init.normal_(m.weight, std=0.02)  # zero-initialised heads: outputs all 0
+    return net
+
+
+def test_the_zoo_is_all_there():
+    assert len(NAMES) == 80
+    assert set(NOT_YET) <= set(NAMES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(raises=ai3.UnsupportedOperationError,
+                                                 strict=True, reason=NOT_YET[n]))
+        if n in NOT_YET else n
+        for n in NAMES
+    ],
+)  # fmt: skip
+def test_converts_and_matches_at_native_size(name):
+    size = _native_size(name)
+    net = _build(name, size)
+    shape = (1, 3, size, size)
+    model = ai3.convert(net, sample_input_shape=shape)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        want = net(x)
+    got = model(x)
+    assert got.shape == want.shape
+    scale = float(want.abs().max())
+    assert scale > 0
+    assert float((got - want).abs().max()) <= 1e-3 * scale
