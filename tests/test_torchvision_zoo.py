@@ -16,9 +16,6 @@ from torch import nn
 #: Models that do not convert yet, and why.
 NOT_YET = {
     "maxvit_t": "einsum, and indices computed by the network",
-    "swin_v2_t": "Swin v2's cosine attention and its continuous position bias",
-    "swin_v2_s": "Swin v2's cosine attention and its continuous position bias",
-    "swin_v2_b": "Swin v2's cosine attention and its continuous position bias",
 }
 
 NAMES = torchvision.models.list_models(module=torchvision.models)

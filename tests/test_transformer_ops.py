@@ -255,6 +255,23 @@ def test_pad_and_roll_match_pytorch(fn):
     _same(Fn(fn), torch.randn(3, 4, 5))
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: F.normalize(x),
+        lambda x: F.normalize(x, dim=-1, eps=1e-3),
+        lambda x: F.normalize(x * 0, dim=0),  # all zeros: divided by eps
+    ],
+)
+def test_normalize_matches_pytorch(fn):
+    _same(Fn(fn), torch.randn(3, 4, 5))
+
+
+def test_normalize_other_than_l2_is_unsupported():
+    with pytest.raises(ai3.UnsupportedOperationError, match="p=1"):
+        ai3.convert(Fn(lambda x: F.normalize(x, p=1)))
+
+
 def test_what_pad_cannot_do_is_named():
     with pytest.raises(ai3.UnsupportedOperationError, match="mode='reflect'"):
         ai3.convert(Fn(lambda x: F.pad(x, (1, 1), mode="reflect")))
@@ -272,15 +289,18 @@ def test_swin_needs_a_sample_shape_and_says_so():
         ai3.convert(_swin("swin_t"))
 
 
-@pytest.mark.parametrize("algo", ["naive", "flash"])
-def test_swin_t_matches_pytorch(algo):
-    net = _swin("swin_t")
-    model = ai3.convert(net, {"attention": algo}, sample_input_shape=(1, 3, 224, 224))
-    x = torch.randn(2, 3, 224, 224)  # another batch than the sample's
+@pytest.mark.parametrize(
+    "name, algo", [("swin_t", "naive"), ("swin_t", "flash"), ("swin_v2_t", "flash")]
+)
+def test_swin_matches_pytorch(name, algo):
+    net = _swin(name)
+    size = 256 if name == "swin_v2_t" else 224
+    model = ai3.convert(net, {"attention": algo}, sample_input_shape=(1, 3, size, size))
+    x = torch.randn(2, 3, size, size)  # another batch than the sample's
     with torch.inference_mode():
         want = net(x)
     got = model(x)
     assert float((got - want).abs().max()) <= 1e-3 * float(want.abs().max())
-    rows = model.summary((2, 3, 224, 224)).rows
+    rows = model.summary((2, 3, size, size)).rows
     assert {r["algorithm"] for r in rows if r["op"] == "attention"} == {algo}
     assert sum(r["op"] == "roll" for r in rows) > 0

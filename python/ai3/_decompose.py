@@ -4,7 +4,7 @@ steps becomes an ai3 node:
 - ``nn.MultiheadAttention``: its input projections, one ``attention`` node
   (scaled dot-product attention, whose algorithm is selectable) and its
   output projection;
-- torchvision's Swin blocks (``ShiftedWindowAttention``, ``PatchMerging``):
+- torchvision's Swin blocks (``ShiftedWindowAttention``, ``PatchMerging`` and their v2):
   windows cut by reshapes and permutes, the cyclic shift a ``roll``, and the
   attention one ``attention`` node whose mask (the relative position bias
   plus the shifted windows' mask) is computed once, at convert time. Their
@@ -19,6 +19,7 @@ lowering reports as unsupported with that reason.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -115,8 +116,6 @@ def _swin_shape(shape: Any) -> str | None:
 
 
 def _swin_attention_why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
-    if type(m).__name__ != "ShiftedWindowAttention":
-        return "Swin v2's cosine attention"
     if m.training and (m.dropout > 0 or m.attention_dropout > 0):
         return "training mode with dropout (call .eval() before ai3.convert)"
     return _swin_shape(shape)
@@ -142,8 +141,6 @@ def _shift_mask(pad_h: int, pad_w: int, ws: list[int], shift: list[int]) -> torc
 def _swin_attention(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
     """torchvision's ``shifted_window_attention`` for an input of ``shape``:
     the batch stays symbolic, the windows are fixed."""
-    from torchvision.models.swin_transformer import _get_relative_position_bias
-
     x = args[0] if args else kwargs["x"]
     _, h, w, c = shape
     ws, shift, heads = list(m.window_size), list(m.shift_size), m.num_heads
@@ -161,18 +158,24 @@ def _swin_attention(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
         .permute(0, 1, 3, 2, 4, 5)
         .reshape(batch, nh * nw, n, c)
     )
-    qkv = F.linear(x, m.qkv.weight, m.qkv.bias).reshape(batch, nh * nw, n, 3, heads, c // heads)
+    qkv_bias = m.qkv.bias
+    if hasattr(m, "logit_scale") and m.qkv._parameters["bias"] is not None:
+        # Swin v2 computes with the keys' third of the bias at zero.
+        qkv_bias = m.qkv._parameters["bias"].detach().clone()
+        qkv_bias[c : 2 * c] = 0
+    qkv = F.linear(x, m.qkv.weight, qkv_bias).reshape(batch, nh * nw, n, 3, heads, c // heads)
     qkv = qkv.permute(3, 0, 1, 4, 2, 5)  # [3, batch, windows, heads, N, head_dim]
-    table, index = (
-        m._parameters["relative_position_bias_table"],
-        m._buffers["relative_position_index"],
-    )
-    mask = _get_relative_position_bias(table, index, ws).detach()  # [1, heads, N, N]
+    mask = _relative_position_bias(m, ws)  # [1, heads, N, N]
     if sum(shift) > 0:
         mask = mask + _shift_mask(ph, pw, ws, shift).unsqueeze(1)  # [windows, heads, N, N]
-    out = F.scaled_dot_product_attention(
-        qkv[0], qkv[1], qkv[2], attn_mask=mask.contiguous(), scale=(c // heads) ** -0.5
-    )
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    if hasattr(m, "logit_scale"):  # Swin v2: cosine similarity, scaled per head
+        real = m._parameters["logit_scale"].detach()
+        logit_scale = torch.clamp(real, max=math.log(100.0)).exp()  # [heads, 1, 1]
+        q, k, scale = F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1), 1.0
+    else:
+        scale = (c // heads) ** -0.5
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.contiguous(), scale=scale)
     out = out.transpose(2, 3).reshape(batch, nh * nw, n, c)
     out = F.linear(out, m.proj.weight, m.proj.bias)
     out = (
@@ -185,9 +188,28 @@ def _swin_attention(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
     return out
 
 
+def _relative_position_bias(m: nn.Module, ws: list[int]) -> torch.Tensor:
+    """The module's relative position bias, ``[1, heads, N, N]``, computed from
+    its real tensors (the tracer hands out proxies): a constant of the graph.
+    Swin v2 derives it from a small MLP over fixed coordinates."""
+    from torchvision.models.swin_transformer import _get_relative_position_bias
+
+    index = m._buffers["relative_position_index"]
+    with torch.no_grad():
+        if hasattr(m, "cpb_mlp"):
+            first, last = m.cpb_mlp[0], m.cpb_mlp[2]
+            h = F.relu(F.linear(m._buffers["relative_coords_table"], *_weights(first)))
+            table = F.linear(h, *_weights(last)).view(-1, m.num_heads)
+            return 16 * torch.sigmoid(_get_relative_position_bias(table, index, ws))
+        table = m._parameters["relative_position_bias_table"]
+        return _get_relative_position_bias(table, index, ws).detach()
+
+
+def _weights(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return linear._parameters["weight"], linear._parameters["bias"]
+
+
 def _patch_merging_why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
-    if type(m).__name__ != "PatchMerging":
-        return "Swin v2's patch merging"
     return _swin_shape(shape)
 
 
@@ -202,7 +224,10 @@ def _patch_merging(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
         x[..., 0::2, 1::2, :],
         x[..., 1::2, 1::2, :],
     ]
-    return m.reduction(m.norm(torch.cat(parts, -1)))
+    x = torch.cat(parts, -1)
+    if type(m).__name__ == "PatchMergingV2":  # v2 normalises after the reduction
+        return m.norm(m.reduction(x))
+    return m.reduction(m.norm(x))
 
 
 def _mha_why(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:

@@ -494,6 +494,7 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(Index, Direct, "strided copy of the indexed view"),
     row!(Pad, Direct, "row copies into a filled output"),
     row!(Roll, Direct, "row copies in two rotated segments"),
+    row!(Normalize, Direct, "sum of squares, then one scaling pass"),
     row!(
         Attention,
         Flash,

@@ -1,5 +1,6 @@
 """Activations (ReLU and its kin, sigmoid, tanh, GELU, ...) as modules,
-functions and tensor methods, in place or not; and softmax."""
+functions and tensor methods, in place or not; softmax; and L2 normalisation
+(``F.normalize``)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,18 @@ def _softmax_fn(sig: Sig) -> Callable:
 _softmax = _softmax_fn(Sig("input, dim, dtype", dtype=None, fixed="dtype"))
 
 
+_NORMALIZE = Sig("input, p, dim, eps, out", p=2.0, dim=1, eps=1e-12, out=None, fixed="out")
+
+
+def _normalize(lw: Lowerer, n) -> None:
+    """``F.normalize`` with the L2 norm (``p=2``)."""
+    b = _NORMALIZE.bind(n)
+    if as_float("p", b["p"]) != 2.0:
+        raise Unsupported(f"p={b['p']!r} (ai3 normalises by the L2 norm, p=2)")
+    params = {"dim": as_int("dim", b["dim"]), "eps": as_float("eps", b["eps"])}
+    lw.step(n, "normalize", [b["input"]], params)
+
+
 register(
     modules={
         nn.Softmax: _softmax_module,
@@ -115,6 +128,7 @@ register(
             )
         ),
         torch.softmax: _softmax,
+        F.normalize: _normalize,
     },
     methods={
         "relu": _act_fn("relu"),

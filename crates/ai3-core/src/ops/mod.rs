@@ -40,7 +40,7 @@ pub use linear::Linear;
 pub use matmul::Matmul;
 pub use norm::{BatchNorm2d, LayerNorm};
 pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d, Window};
-pub use reduce::{Mean, Softmax};
+pub use reduce::{Mean, Normalize, Softmax};
 pub use reshape::{Reshape, SizeExpr};
 pub use runtime_weights::{BuildLayer, RuntimeWeights};
 pub use shape::{Concat, Permute, Slice, SliceMode};

@@ -22,17 +22,21 @@ impl Softmax {
     }
 
     fn params(&self, shape: &[usize]) -> Result<AxisParams> {
-        let op = OpKind::Softmax;
-        // A 0-D tensor behaves as one of shape [1], as in PyTorch.
-        if shape.is_empty() {
-            normalize_dim(op, self.dim, 1, shape)?;
-            return Ok(AxisParams::new(&[1], 0));
-        }
-        Ok(AxisParams::new(
-            shape,
-            normalize_dim(op, self.dim, shape.len(), shape)?,
-        ))
+        axis_params(OpKind::Softmax, self.dim, shape)
     }
+}
+
+/// The sizes around dimension `dim` of `shape` for `op`; a 0-D tensor
+/// behaves as one of shape `[1]`, as in PyTorch.
+fn axis_params(op: OpKind, dim: i64, shape: &[usize]) -> Result<AxisParams> {
+    if shape.is_empty() {
+        normalize_dim(op, dim, 1, shape)?;
+        return Ok(AxisParams::new(&[1], 0));
+    }
+    Ok(AxisParams::new(
+        shape,
+        normalize_dim(op, dim, shape.len(), shape)?,
+    ))
 }
 
 impl Operation for Softmax {
@@ -59,6 +63,58 @@ impl Operation for Softmax {
         Ok(())
     }
 }
+
+/// `F.normalize(x, p=2, dim, eps)`: `x / max(||x||_2, eps)` along `dim`.
+#[derive(Debug, Clone, Copy)]
+pub struct Normalize {
+    dim: i64,
+    eps: f64,
+}
+
+impl Normalize {
+    /// L2 normalisation along `dim` (negative counts from the end).
+    pub fn new(dim: i64, eps: f64) -> Self {
+        Normalize { dim, eps }
+    }
+}
+
+impl Operation for Normalize {
+    fn kind(&self) -> OpKind {
+        OpKind::Normalize
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let x = single(OpKind::Normalize, inputs)?;
+        axis_params(OpKind::Normalize, self.dim, x)?;
+        Ok(x.to_vec())
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(OpKind::Normalize, inputs)?;
+        let p = axis_params(OpKind::Normalize, self.dim, x.shape())?;
+        with_dtype!(x.dtype(), T, {
+            let eps = super::activation::lit::<T>(self.eps);
+            let done = reduce::l2_normalize::<T>(&p, eps, elements(x)?, elements_mut(output)?);
+            kernel_result(OpKind::Normalize, done, || {
+                format!("input shape {}", shape_str(x.shape()))
+            })?
+        });
+        Ok(())
+    }
+}
+
+/// `normalize` (L2) along `dim` (default 1, as `F.normalize`), `eps` (default 1e-12).
+pub const NORMALIZE: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[optional("dim", K::Int), optional("eps", K::Float)],
+    build: |a| {
+        Ok(Box::new(Normalize::new(
+            a.int_or("dim", 1)?,
+            a.float_or("eps", 1e-12)?,
+        )))
+    },
+};
 
 /// `x.mean(dims, keepdim)`; no dims means every dimension.
 #[derive(Debug, Clone)]

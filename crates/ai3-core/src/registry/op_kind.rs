@@ -105,6 +105,8 @@ op_kinds! {
     Pad = "pad" => ops::shift::PAD,
     /// Cyclic shift along dimensions.
     Roll = "roll" => ops::shift::ROLL,
+    /// L2 normalisation along a dimension (`F.normalize`).
+    Normalize = "normalize" => ops::reduce::NORMALIZE,
 }
 
 impl OpKind {

@@ -204,6 +204,39 @@ pub fn mean<T: Float>(
         })
 }
 
+/// `x / max(||x||_2, eps)` along the axis of `p` (`F.normalize` with `p=2`).
+/// Buffers of other lengths than `p`'s are an error.
+pub fn l2_normalize<T: Float>(
+    p: &AxisParams,
+    eps: T,
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    let len = checked_product("normalize size", &[p.outer, p.dim, p.inner])?;
+    check_len("normalize input", input.len(), len)?;
+    check_len("normalize output", output.len(), len)?;
+    if p.is_empty() {
+        return Ok(());
+    }
+    let block = p.dim * p.inner;
+    output
+        .par_chunks_mut(block)
+        .zip(input.par_chunks(block))
+        .for_each(|(out, x)| {
+            for j in 0..p.inner {
+                let sq: T = (0..p.dim)
+                    .map(|d| x[d * p.inner + j] * x[d * p.inner + j])
+                    .sum();
+                let norm = sq.sqrt();
+                let inv = T::one() / if norm > eps { norm } else { eps };
+                for d in 0..p.dim {
+                    out[d * p.inner + j] = x[d * p.inner + j] * inv;
+                }
+            }
+        });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
