@@ -45,6 +45,12 @@ def _same(module, *inputs, algos=None):
         lambda x: x[:, 10:],  # past the end: empty, as in PyTorch
         lambda x: x[0, 1, 2],
         lambda x: x[..., -9:100],
+        lambda x: x.unsqueeze(0),
+        lambda x: x.unsqueeze(2),
+        lambda x: torch.unsqueeze(x, -1),
+        lambda x: x.unsqueeze(-3),
+        lambda x: torch.swapaxes(x, 0, 2),
+        lambda x: x.swapaxes(-1, 1),
     ],
 )
 def test_indexing_matches_pytorch(fn):
@@ -282,6 +288,18 @@ def test_what_pad_cannot_do_is_named():
 def _swin(name: str) -> nn.Module:
     torch.manual_seed(0)
     return getattr(torchvision.models, name)(weights=None).eval()
+
+
+def test_maxvit_attention_is_one_attention_node_per_block():
+    net = _swin("maxvit_t")
+    model = ai3.convert(net)  # no sample shape needed
+    x = torch.randn(1, 3, 224, 224)
+    with torch.inference_mode():
+        want = net(x)
+    got = model(x)
+    assert float((got - want).abs().max()) <= 1e-3 * float(want.abs().max())
+    rows = model.summary((1, 3, 224, 224)).rows
+    assert sum(r["op"] == "attention" for r in rows) == 2 * sum(len(b.layers) for b in net.blocks)
 
 
 def test_swin_needs_a_sample_shape_and_says_so():

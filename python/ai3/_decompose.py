@@ -230,6 +230,33 @@ def _patch_merging(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
     return m.reduction(m.norm(x))
 
 
+def _maxvit_attention_why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
+    return None
+
+
+def _maxvit_attention(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
+    """torchvision MaxViT's ``RelativePositionalMultiHeadAttention``: its two
+    einsums and softmax are one ``attention`` node, the relative position
+    bias (from its parameters alone) a mask computed at convert time."""
+    x = args[0] if args else kwargs["x"]
+    heads, dim = m.n_heads, m.head_dim
+    batch, groups, points = x.size(0), x.size(1), x.size(2)
+    q, k, v = m.to_qkv(x).chunk(3, dim=-1)
+    q, k, v = (
+        t.reshape(batch, groups, points, heads, dim).permute(0, 1, 3, 2, 4) for t in (q, k, v)
+    )
+    with torch.no_grad():
+        index = m._buffers["relative_position_index"].view(-1)
+        table = m._parameters["relative_position_bias_table"]
+        bias = table[index].view(m.max_seq_len, m.max_seq_len, -1).permute(2, 0, 1)
+    # MaxViT scales by the feature size, not the head size.
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias.unsqueeze(0).contiguous(), scale=m.scale_factor
+    )
+    out = out.permute(0, 1, 3, 2, 4).reshape(batch, groups, points, heads * dim)
+    return m.merge(out)
+
+
 def _mha_why(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
     return mha_why_not(m, _mha_args(m, args, kwargs))
 
@@ -246,6 +273,12 @@ def _entries() -> dict[type, tuple[Callable, Callable]]:
         entries[cls] = (_swin_attention_why_not, _swin_attention)
     for cls in (swin.PatchMerging, swin.PatchMergingV2):
         entries[cls] = (_patch_merging_why_not, _patch_merging)
+    from torchvision.models import maxvit
+
+    entries[maxvit.RelativePositionalMultiHeadAttention] = (
+        _maxvit_attention_why_not,
+        _maxvit_attention,
+    )
     return entries
 
 
@@ -253,8 +286,12 @@ def _entries() -> dict[type, tuple[Callable, Callable]]:
 #: each called as ``f(module, args, kwargs, input_shape or None)``.
 DECOMPOSITIONS: dict[type, tuple[Callable, Callable]] = _entries()
 
-#: The modules whose decomposition needs their input shape.
-NEEDS_SHAPES = tuple(t for t in DECOMPOSITIONS if t is not nn.MultiheadAttention)
+#: The modules whose decomposition needs their input shape (Swin's).
+NEEDS_SHAPES = tuple(
+    t
+    for t, (why, _) in DECOMPOSITIONS.items()
+    if why is _swin_attention_why_not or why is _patch_merging_why_not
+)
 
 
 def why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any = None) -> str | None:

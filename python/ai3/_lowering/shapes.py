@@ -57,6 +57,26 @@ def _permute(sig: Sig) -> Callable:
 
 
 _TRANSPOSE = Sig("input, dim0, dim1")
+_SWAPAXES = Sig("input, axis0, axis1")
+
+
+def _swapaxes(lw: Lowerer, n) -> None:
+    """``torch.swapaxes`` / ``x.swapaxes``: ``transpose`` under another name."""
+    b = _SWAPAXES.bind(n)
+    d0, d1 = as_int("axis0", b["axis0"]), as_int("axis1", b["axis1"])
+    lw.unary(n, b["input"], "permute", dim0=d0, dim1=d1)
+    lw.view(n, b["input"])
+
+
+_UNSQUEEZE = Sig("input, dim")
+
+
+def _unsqueeze(lw: Lowerer, n) -> None:
+    """``x.unsqueeze(dim)``: an ``index`` with ``None`` at ``dim``."""
+    b = _UNSQUEEZE.bind(n)
+    d = as_int("dim", b["dim"])
+    items = (*[slice(None)] * d, None, ...) if d >= 0 else (..., None, *[slice(None)] * (-d - 1))
+    _index(lw, n, b["input"], items)
 
 
 def _transpose(lw: Lowerer, n) -> None:
@@ -301,6 +321,8 @@ register(
         torch._assert: _assert,
         F.pad: _pad,
         torch.roll: _roll,
+        torch.swapaxes: _swapaxes,
+        torch.unsqueeze: _unsqueeze,
         **dict.fromkeys(_COMPARISONS, _compare),
         builtins.getattr: _getattr_fn,
     },
@@ -315,6 +337,8 @@ register(
         "size": _size_method,
         "expand": _expand,
         "roll": _roll,
+        "swapaxes": _swapaxes,
+        "unsqueeze": _unsqueeze,
         "dim": _rank,
     },
 )
