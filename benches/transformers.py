@@ -1,5 +1,5 @@
 """Converted transformers against PyTorch eager, side by side in one run:
-torchvision's ViT (random weights, native 224x224 images) at batch 1 and 8,
+torchvision's ViT-B/16 and Swin-T (random weights, native 224x224 images) at batch 1 and 8,
 the two engines called alternately (ABBA), median milliseconds each.
 
     python benches/transformers.py
@@ -18,7 +18,7 @@ import torchvision
 from ai3.autotune.timing import interleaved_ms
 from torch import nn
 
-MODELS = ["vit_b_16"]
+MODELS = ["vit_b_16", "swin_t"]
 BATCHES = [1, 8]
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for name in args.models:
         net = build(name)
-        model = ai3.convert(net)
+        model = ai3.convert(net, sample_input_shape=(1, 3, 224, 224))  # Swin needs it
         for batch in BATCHES:
             x = torch.randn(batch, 3, 224, 224)
             with torch.inference_mode():
