@@ -16,6 +16,29 @@ import pytest
 import torch
 from torch import nn
 
+
+class Fn(nn.Module):
+    """Wraps a function of the input (fx traces through it)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+class Two(nn.Module):
+    """Wraps a function of two inputs."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, a, b):
+        return self.fn(a, b)
+
+
 #: (atol, rtol) per dtype; atol is multiplied by max(|expected|, 1).
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-4, 1e-4),

@@ -11,8 +11,7 @@ import ai3
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DTYPE_IDS, DTYPES, assert_close, reference
-from test_graph_ops import Fn
+from conftest import DTYPE_IDS, DTYPES, Fn, assert_close, reference
 from torch import nn
 
 CONV_ALGOS = ["default", "direct", "smm", "gemm", "winograd", "fft"]

@@ -8,19 +8,8 @@ import ai3
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DTYPE_IDS, DTYPES, assert_close
+from conftest import DTYPE_IDS, DTYPES, Fn, Two, assert_close
 from torch import nn
-
-
-class Fn(nn.Module):
-    """Wraps a function of the input (fx traces through it)."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def check(module: nn.Module, dtype: torch.dtype, *inputs: torch.Tensor, algos=None) -> ai3.Model:
@@ -76,15 +65,6 @@ BINARY = [
     ("torch.add", lambda x, y: torch.add(x, y), (3, 4), (3, 4)),
     ("sub", lambda x, y: torch.sub(y, x), (3, 4), (1, 4)),
 ]
-
-
-class Two(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x, y):
-        return self.fn(x, y)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

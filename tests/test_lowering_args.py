@@ -9,8 +9,7 @@ import ai3
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close, reference
-from test_graph_ops import Fn
+from conftest import Fn, assert_close, reference
 from torch import nn
 from torchvision.ops import StochasticDepth
 

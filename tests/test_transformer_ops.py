@@ -10,17 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from conftest import assert_close
+from conftest import Fn, Two, assert_close
 from torch import nn
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def _same(module, *inputs, algos=None):
@@ -207,15 +198,6 @@ def test_what_multihead_attention_cannot_do_is_named(kwargs, call, match):
 
     with pytest.raises(ai3.UnsupportedOperationError, match=match):
         ai3.convert(M().eval())
-
-
-class Two(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, a, b):
-        return self.fn(a, b)
 
 
 @pytest.mark.parametrize("fn", [torch.matmul, lambda a, b: a @ b, lambda a, b: a.matmul(b)])

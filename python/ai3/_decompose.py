@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -118,7 +118,7 @@ def _swin_shape(shape: Any) -> str | None:
 def _swin_attention_why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
     if m.training and (m.dropout > 0 or m.attention_dropout > 0):
         return "training mode with dropout (call .eval() before ai3.convert)"
-    return _swin_shape(shape)
+    return None
 
 
 def _shift_mask(pad_h: int, pad_w: int, ws: list[int], shift: list[int]) -> torch.Tensor:
@@ -209,10 +209,6 @@ def _weights(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return linear._parameters["weight"], linear._parameters["bias"]
 
 
-def _patch_merging_why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
-    return _swin_shape(shape)
-
-
 def _patch_merging(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
     x = args[0] if args else kwargs["x"]
     h, w = shape[-3], shape[-2]
@@ -228,10 +224,6 @@ def _patch_merging(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
     if type(m).__name__ == "PatchMergingV2":  # v2 normalises after the reduction
         return m.norm(m.reduction(x))
     return m.reduction(m.norm(x))
-
-
-def _maxvit_attention_why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
-    return None
 
 
 def _maxvit_attention(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> Any:
@@ -261,37 +253,41 @@ def _mha_why(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> str | None:
     return mha_why_not(m, _mha_args(m, args, kwargs))
 
 
-def _entries() -> dict[type, tuple[Callable, Callable]]:
-    entries: dict[type, tuple[Callable, Callable]] = {
-        nn.MultiheadAttention: (_mha_why, lambda m, a, k, s: _mha(m, a, k)),
-    }
+class Decomposition(NamedTuple):
+    """How a module class is traced as functional code: ``why_not`` says why
+    a call cannot be (or None), ``build`` traces it; both are called as
+    ``f(module, args, kwargs, input_shape or None)``. ``needs_shape``: the
+    decomposition depends on the input shape (given by ``sample_input_shape``)."""
+
+    why_not: Callable[..., str | None]
+    build: Callable[..., Any]
+    needs_shape: bool = False
+
+
+def _always(m: nn.Module, args: tuple, kwargs: dict, shape: Any) -> None:
+    return None
+
+
+def _entries() -> dict[type, Decomposition]:
+    entries = {nn.MultiheadAttention: Decomposition(_mha_why, lambda m, a, k, s: _mha(m, a, k))}
     try:
+        from torchvision.models import maxvit
         from torchvision.models import swin_transformer as swin
     except ImportError:  # torchvision is optional
         return entries
     for cls in (swin.ShiftedWindowAttention, swin.ShiftedWindowAttentionV2):
-        entries[cls] = (_swin_attention_why_not, _swin_attention)
+        entries[cls] = Decomposition(_swin_attention_why_not, _swin_attention, needs_shape=True)
     for cls in (swin.PatchMerging, swin.PatchMergingV2):
-        entries[cls] = (_patch_merging_why_not, _patch_merging)
-    from torchvision.models import maxvit
-
-    entries[maxvit.RelativePositionalMultiHeadAttention] = (
-        _maxvit_attention_why_not,
-        _maxvit_attention,
-    )
+        entries[cls] = Decomposition(_always, _patch_merging, needs_shape=True)
+    entries[maxvit.RelativePositionalMultiHeadAttention] = Decomposition(_always, _maxvit_attention)
     return entries
 
 
-#: Modules traced as functional code, by class: ``(why_not, decomposition)``,
-#: each called as ``f(module, args, kwargs, input_shape or None)``.
-DECOMPOSITIONS: dict[type, tuple[Callable, Callable]] = _entries()
+#: Modules traced as functional code, by class.
+DECOMPOSITIONS: dict[type, Decomposition] = _entries()
 
 #: The modules whose decomposition needs their input shape (Swin's).
-NEEDS_SHAPES = tuple(
-    t
-    for t, (why, _) in DECOMPOSITIONS.items()
-    if why is _swin_attention_why_not or why is _patch_merging_why_not
-)
+NEEDS_SHAPES = tuple(t for t, d in DECOMPOSITIONS.items() if d.needs_shape)
 
 
 def why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any = None) -> str | None:
@@ -300,7 +296,9 @@ def why_not(m: nn.Module, args: tuple, kwargs: dict, shape: Any = None) -> str |
     if m._forward_hooks or m._forward_pre_hooks:
         return "forward hooks, which ai3 would not run"
     entry = DECOMPOSITIONS.get(type(m))
-    return None if entry is None else entry[0](m, args, kwargs, shape)
+    if entry is None:
+        return None
+    return (entry.needs_shape and _swin_shape(shape)) or entry.why_not(m, args, kwargs, shape)
 
 
 def decompose(m: nn.Module, args: tuple, kwargs: dict, shape: Any = None) -> Any:
@@ -309,4 +307,4 @@ def decompose(m: nn.Module, args: tuple, kwargs: dict, shape: Any = None) -> Any
     entry = DECOMPOSITIONS.get(type(m))
     if entry is None or why_not(m, args, kwargs, shape) is not None:
         return NotImplemented
-    return entry[1](m, args, kwargs, shape)
+    return entry.build(m, args, kwargs, shape)

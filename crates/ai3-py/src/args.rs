@@ -139,9 +139,7 @@ pub(crate) fn parse_attrs(
             continue;
         }
         let Some(p) = spec.param(&name) else {
-            // Reported with the operation's parameter list by the spec's check.
-            attrs.0.insert(name, Attr::Bool(false));
-            continue;
+            return Err(to_py(spec.unknown(op, &name)));
         };
         let attr = parse_attr(op, p.kind, &name, &value, dtype, copy)?;
         attrs.0.insert(name, attr);

@@ -31,7 +31,7 @@ def _act_module(
 ) -> Callable:
     def handler(lw: Lowerer, n, m, x) -> None:
         inplace = as_bool("inplace", getattr(m, "inplace", False))
-        lw.activation(n, x, kind, params(m), module=m, inplace=inplace)
+        lw.step(n, kind, [x], params(m), module=m, inplace=inplace)
 
     return handler
 
@@ -43,7 +43,7 @@ def _act_fn(kind: str, sig: Sig = INPUT, params=lambda b: {}, inplace=False) -> 
     def handler(lw: Lowerer, n) -> None:
         b = sig.bind(n)
         changes = inplace or as_bool("inplace", b.get("inplace", False))
-        lw.activation(n, b["input"], kind, params(b), inplace=changes)
+        lw.step(n, kind, [b["input"]], params(b), inplace=changes)
 
     return handler
 

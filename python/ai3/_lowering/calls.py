@@ -28,15 +28,16 @@ VALUE_PARAMS = frozenset(
 )
 
 
-def _has_node(v: Any) -> bool:
+def has_node(v: Any) -> bool:
+    """Whether ``v`` holds an fx node anywhere (in a list, dict or slice)."""
     if isinstance(v, torch.fx.Node):
         return True
     if isinstance(v, list | tuple):
-        return any(_has_node(x) for x in v)
+        return any(has_node(x) for x in v)
     if isinstance(v, dict):
-        return any(_has_node(x) for x in v.values())
+        return any(has_node(x) for x in v.values())
     if isinstance(v, slice):
-        return any(_has_node(x) for x in (v.start, v.stop, v.step))
+        return any(has_node(x) for x in (v.start, v.stop, v.step))
     return False
 
 
@@ -108,7 +109,7 @@ class Sig:
                     f"{name}={b[name]!r} (ai3 implements only {name}={self.defaults[name]!r})"
                 )
         for name, v in b.items():
-            if name not in VALUE_PARAMS and _has_node(v):
+            if name not in VALUE_PARAMS and has_node(v):
                 raise Unsupported(
                     f"{name}={v!r} is computed by the network; ai3 needs its value "
                     "when it converts the model"

@@ -284,11 +284,6 @@ class Lowerer:
         """A step reading only ``x``, with these parameters."""
         self.step(n, op, [x], params, module, inplace)
 
-    def activation(
-        self, n, x, kind: str, params: dict[str, Any], module=None, inplace=False
-    ) -> None:
-        self.step(n, kind, [x], params, module, inplace)
-
     # ---- the walk --------------------------------------------------------------------------
 
     def run(self) -> None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _sizes as S
-from .calls import Sig, Unsupported, _has_node, as_float, as_int, as_ints
+from .calls import Sig, Unsupported, as_float, as_int, as_ints, has_node
 from .lowerer import OPAQUE, Lowerer, Pieces
 from .registry import register
 
@@ -196,7 +196,7 @@ _GETITEM = Sig("a, b")
 def _getitem(lw: Lowerer, n) -> None:
     b = _GETITEM.bind(n)
     src, idx = b["a"], b["b"]
-    if _has_node(idx):
+    if has_node(idx):
         raise Unsupported("an index computed by the network")
     k = lw.kind.get(lw.canonical(src)) if isinstance(src, torch.fx.Node) else None
     if k == OPAQUE:

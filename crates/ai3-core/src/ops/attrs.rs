@@ -141,6 +141,17 @@ impl OpSpec {
         self.params.iter().find(|p| p.name == name)
     }
 
+    /// The error for a parameter `op` does not have, listing those it has.
+    pub fn unknown(&self, op: OpKind, name: &str) -> Error {
+        Error::invalid(
+            op.name(),
+            format!(
+                "unknown parameter '{name}'; its parameters are {:?}",
+                self.params.iter().map(|p| p.name).collect::<Vec<_>>()
+            ),
+        )
+    }
+
     /// Rejects unknown, missing and mistyped parameters of `op`, and a wrong
     /// number of inputs.
     pub fn check(&self, op: OpKind, attrs: &Attrs, num_inputs: usize) -> Result<()> {
@@ -157,13 +168,7 @@ impl OpSpec {
         }
         for (name, value) in &attrs.0 {
             let Some(p) = self.param(name) else {
-                return Err(Error::invalid(
-                    op.name(),
-                    format!(
-                        "unknown parameter '{name}'; its parameters are {:?}",
-                        self.params.iter().map(|p| p.name).collect::<Vec<_>>()
-                    ),
-                ));
+                return Err(self.unknown(op, name));
             };
             if !value.fits(p.kind) {
                 return Err(Error::invalid(
