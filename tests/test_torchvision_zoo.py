@@ -38,7 +38,7 @@ def _build(name: str, size: int) -> nn.Module:
 
 
 def test_the_zoo_is_all_there():
-    assert len(NAMES) == 80
+    assert len(NAMES) >= 80  # torchvision 0.2x: 80 classification models
     assert set(NOT_YET) <= set(NAMES)
 
 
