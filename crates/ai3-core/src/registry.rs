@@ -495,6 +495,7 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(Pad, Direct, "row copies into a filled output"),
     row!(Roll, Direct, "row copies in two rotated segments"),
     row!(Normalize, Direct, "sum of squares, then one scaling pass"),
+    row!(Embedding, Direct, "row copies from the table"),
     row!(
         Attention,
         Flash,

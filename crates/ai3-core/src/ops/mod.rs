@@ -16,6 +16,7 @@ pub(crate) mod attention;
 mod attrs;
 pub(crate) mod binary;
 pub(crate) mod conv2d;
+pub(crate) mod embedding;
 pub(crate) mod flatten;
 pub(crate) mod linear;
 pub(crate) mod matmul;
@@ -35,6 +36,7 @@ pub use attrs::{
 };
 pub use binary::{Binary, BinaryKind};
 pub use conv2d::{Conv2d, PadMode};
+pub use embedding::Embedding;
 pub use flatten::Flatten;
 pub use linear::Linear;
 pub use matmul::Matmul;

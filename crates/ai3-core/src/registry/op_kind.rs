@@ -107,6 +107,8 @@ op_kinds! {
     Roll = "roll" => ops::shift::ROLL,
     /// L2 normalisation along a dimension (`F.normalize`).
     Normalize = "normalize" => ops::reduce::NORMALIZE,
+    /// Rows of a table picked by indices (`nn.Embedding`).
+    Embedding = "embedding" => ops::embedding::SPEC,
 }
 
 impl OpKind {

@@ -193,6 +193,34 @@ pub fn gather<T: Float>(
     Ok(())
 }
 
+/// `output[i, :] = table[rows[i], :]` for a table of rows of `width`
+/// elements: the lookup of an embedding. Every row index must be below the
+/// table's row count (the caller validates the user's indices).
+pub fn take_rows<T: Float>(
+    table: &[T],
+    width: usize,
+    rows: &[usize],
+    output: &mut [T],
+) -> KernelResult<()> {
+    let len = rows.len().checked_mul(width).ok_or(KernelError::Overflow {
+        what: "embedding output",
+    })?;
+    check_len("embedding output", output.len(), len)?;
+    if width == 0 {
+        return Ok(());
+    }
+    let count = table.len() / width;
+    if !table.len().is_multiple_of(width) || rows.iter().any(|&r| r >= count) {
+        return Err(KernelError::Precondition {
+            what: "take_rows reads a row past its table",
+        });
+    }
+    for (dst, &r) in output.chunks_exact_mut(width).zip(rows) {
+        dst.copy_from_slice(&table[r * width..(r + 1) * width]);
+    }
+    Ok(())
+}
+
 /// The loop of [`gather`] and [`permute`], on checked, non-empty dimensions.
 fn gather_rows<T: Float>(
     offset: usize,
@@ -225,6 +253,16 @@ fn gather_rows<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn take_rows_copies_and_checks() {
+        let table = ramp(6); // 3 rows of 2
+        let mut out = vec![0.0; 6];
+        take_rows(&table, 2, &[2, 0, 2], &mut out).unwrap();
+        assert_eq!(out, vec![4.0, 5.0, 0.0, 1.0, 4.0, 5.0]);
+        assert!(take_rows(&table, 2, &[3], &mut out[..2]).is_err());
+        assert!(take_rows(&table, 2, &[0], &mut out).is_err());
+    }
 
     fn ramp(n: usize) -> Vec<f64> {
         (0..n).map(|i| i as f64).collect()
