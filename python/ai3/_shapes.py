@@ -34,20 +34,27 @@ def _zeros(module: nn.Module, shape: Sequence[int], dtype: torch.dtype | None) -
 
 
 def input_shapes_of_nodes(
-    gm: torch.fx.GraphModule, sample_input_shape: Sequence[int] | None, dtype: torch.dtype
+    gm: torch.fx.GraphModule,
+    sample_input_shape: Sequence[int] | None,
+    dtype: torch.dtype,
+    examples: Sequence[torch.Tensor] | None = None,
 ) -> dict[torch.fx.Node, tuple[int, ...]] | None:
     """For each fx node, the shape of its first argument; ``None`` without a sample shape.
-    A network with several inputs takes a sequence of shapes, one per input."""
+    A network with several inputs takes a sequence of shapes, one per input. The
+    network runs on zeros of these shapes, in the dtypes of ``examples`` when
+    given (a graph captured by torch.export, which is in eval mode already)."""
     if sample_input_shape is None:
         return None
     shapes = sample_input_shape
     if not (len(shapes) and all(isinstance(s, Sequence) for s in shapes)):
         shapes = [shapes]
-    with _eval_no_grad(gm):
+    with torch.no_grad() if examples else _eval_no_grad(gm):
         try:
             # ShapeProp prints the traceback of a failing node itself; the error below says it.
             with contextlib.redirect_stderr(io.StringIO()):
-                ShapeProp(gm).propagate(*[_zeros(gm, s, dtype) for s in shapes])
+                dtypes = [x.dtype for x in examples] if examples else [dtype] * len(shapes)
+                inputs = [_zeros(gm, s, d) for s, d in zip(shapes, dtypes, strict=True)]
+                ShapeProp(gm).propagate(*inputs)
         except Exception as e:  # the network's own error on these shapes (an assertion, ...)
             from .errors import ShapeError
 

@@ -18,6 +18,7 @@ import torch.fx
 from torch import nn
 
 from . import _fusion, swap
+from ._export import Captured, Derived, capture, cast_of, derived_nodes, example_tuple
 from ._lowering import MODULES, In, Lowerer, Step
 from ._shapes import input_shapes_of_nodes, trace
 from .autotune.auto import Auto
@@ -163,6 +164,7 @@ def convert(
     *,
     dtype: torch.dtype | str | None = None,
     plan: Plan | str | os.PathLike | None = None,
+    example_inputs: torch.Tensor | Sequence[torch.Tensor] | None = None,
 ) -> Model:
     """Converts ``module`` into an :class:`ai3.Model` run entirely by ai3.
 
@@ -204,6 +206,18 @@ def convert(
     the plan's, on the plan's input shapes unless ``sample_input_shape`` is
     given, or :class:`ai3.PlanError` names the first that does not.
 
+    A network ``torch.fx`` cannot trace (Hugging Face transformers, code
+    that branches on its inputs) is captured with ``torch.export`` when
+    ``example_inputs`` (a tensor, or a tuple with one per input of
+    ``forward``) are given: every dimension stays dynamic, so the model
+    follows the batch size and sequence length of each call (dimensions of
+    size 1 in the example are fixed by torch.export: give a batch of 2).
+    Integer inputs (token ids) are read as embedding indices. Tensors the
+    network computes from input shapes alone (position ids, causal masks)
+    are computed with PyTorch once per input shape and cached. A forward
+    that takes ``use_cache`` is captured with ``use_cache=False``. The
+    example inputs also serve as ``sample_input_shape``.
+
     Example::
 
         model = ai3.convert(resnet50, {"conv2d": "winograd", "linear": "gemm"})
@@ -215,6 +229,10 @@ def convert(
         # fx traces the module's forward, not its __call__, so its hooks would be lost.
         raise UnsupportedOperationError([(type(module).__name__, "forward hooks")])
     dtype_name = _resolve_dtype(module, dtype)
+    examples = None if example_inputs is None else example_tuple(example_inputs)
+    if examples is not None and sample_input_shape is None:
+        shapes_of = [list(x.shape) for x in examples]
+        sample_input_shape = shapes_of[0] if len(shapes_of) == 1 else shapes_of
     selectors = normalize_algos(algos)
     named = frozenset(op_name(k) for k in algos) if algos else frozenset()
     if plan is not None:
@@ -237,43 +255,136 @@ def convert(
         # A layer passed on its own is traced as one call of it, with its
         # module semantics (padding modes, ...), not through its forward.
         module = nn.Sequential(OrderedDict([(type(module).__name__.lower(), module)]))
-    try:
-        gm = trace(module, sample_input_shape)
-    except Exception as e:  # fx raises many types; all mean "cannot trace"
-        raise UnsupportedOperationError(
-            [(type(module).__name__, "torch.fx.symbolic_trace")],
-            detail=f"tracing failed: {type(e).__name__}: {e}",
-        ) from e
-
-    lw = Lowerer(gm)
-    lw.run()
+    captured = _capture(module, sample_input_shape, examples)
+    lw, frontier, casts = _lower(captured)
+    if lw.unsupported and examples is not None and not captured.exported:
+        # What torch.fx traced has operations ai3 cannot lower (torch.arange, ...):
+        # torch.export records them as ATen operations, or computes them from shapes.
+        try:
+            captured = capture(module, examples)
+        except Exception:  # then the operations fx found are the error to report
+            pass
+        else:
+            lw, frontier, casts = _lower(captured)
     if lw.unsupported:
         raise UnsupportedOperationError(lw.unsupported)
-    shapes = input_shapes_of_nodes(gm, sample_input_shape, getattr(torch, dtype_name))
+    gm = captured.gm
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    index_inputs = _index_inputs(lw, placeholders, captured.exported)
+    shapes = input_shapes_of_nodes(
+        gm, sample_input_shape, getattr(torch, dtype_name), examples if captured.exported else None
+    )
     chosen = _select(lw, selectors, shapes, named)
     algo_of = {id(s): settle_trivial(s.op, chosen[i]) for i, s in enumerate(lw.steps)}
     running = _fusion.apply(lw, algo_of)
 
     recipe = _Recipe(lw, dtype_name)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for n in placeholders:
+    for n in placeholders + frontier:
         recipe.ids[n] = recipe.next_id
         recipe.next_id += 1
     for s in running:
         recipe.add(s, algo_of[id(s)])
     if plan is not None and not any(isinstance(algo_of[id(s)], FromPlan) for s in running):
         check_complete(plan, 0)
+    dtype_t = getattr(torch, dtype_name)
     return Model(
         {
             "dtype": dtype_name,
-            "num_inputs": len(placeholders),
+            "num_inputs": len(placeholders) + len(frontier),
             "nodes": recipe.nodes,
             "outputs": [recipe.value(o) for o in lw.outputs],
             "single_output": lw.single_output,
             "sample_input_shape": decide_for,
             "pending": recipe.pending,
+            "index_inputs": index_inputs,
+            "derived": Derived(gm, frontier, casts, dtype_t) if frontier else None,
+            "out_spec": captured.out_spec,
         }
     )
+
+
+def _lower(captured: Captured) -> tuple[Lowerer, list[torch.fx.Node], list[str | None]]:
+    """The lowered graph, the tensors it reads that are computed from input shapes
+    alone (see :mod:`ai3._export`) and how each reaches the Rust graph."""
+    gm = captured.gm
+    derived, frontier = derived_nodes(gm) if captured.exported else (set(), [])
+    lw = Lowerer(gm, captured.root, derived, frontier)
+    lw.run()
+    casts = [cast_of(n) for n in frontier]
+    for n, cast in zip(frontier, casts, strict=True):
+        if cast is None:
+            readers = ", ".join(u.name for u in n.users)
+            lw.unsupported.append(
+                (
+                    n.name,
+                    f"a {n.meta['val'].dtype} tensor computed from input shapes, read by "
+                    f"{readers} (ai3 computes in one float dtype)",
+                )
+            )
+    return lw, frontier, casts
+
+
+def _capture(module: nn.Module, sample_input_shape: Any, examples: Any) -> Captured:
+    """The graph of ``module``: traced by ``torch.fx``, else, given example inputs,
+    captured by ``torch.export`` (:mod:`ai3._export`)."""
+    try:
+        return Captured(trace(module, sample_input_shape), None, None, exported=False)
+    except Exception as e:  # fx raises many types; all mean "cannot trace"
+        fx_error = e
+    if examples is None:
+        raise UnsupportedOperationError(
+            [(type(module).__name__, "torch.fx.symbolic_trace")],
+            detail=(
+                f"tracing failed: {type(fx_error).__name__}: {fx_error}; give "
+                "convert(..., example_inputs=...) to capture it with torch.export instead"
+            ),
+        ) from fx_error
+    try:
+        return capture(module, examples)
+    except Exception as e:  # torch.export's own errors, many types
+        raise UnsupportedOperationError(
+            [(type(module).__name__, "torch.export")],
+            detail=f"torch.fx failed ({type(fx_error).__name__}), and torch.export "
+            f"failed: {type(e).__name__}: {e}",
+        ) from e
+
+
+#: Operations that move elements without computing: integer indices may pass them.
+_MOVES = frozenset({"reshape", "flatten", "permute", "expand", "index", "slice", "cat"})
+
+
+def _index_inputs(lw: Lowerer, placeholders: list[torch.fx.Node], exported: bool) -> list[int]:
+    """The positions of the inputs that are embedding indices (token ids), which
+    the model converts from integers: those a captured graph takes as integers
+    (read, through reshapes and slices, only as indices), or those a traced
+    graph reads only that way."""
+    reach: dict[torch.fx.Node, torch.fx.Node] = {p: p for p in placeholders}
+    readers: dict[torch.fx.Node, set[str]] = {p: set() for p in placeholders}
+    for s in lw.steps:
+        for i in s.data_inputs():
+            origin = reach.get(lw.canonical(s.inputs[i]))
+            if origin is None or (s.op in ("reshape", "expand") and i > 0):
+                continue  # (reshape and expand read only the shapes of their other inputs)
+            readers[origin].add(s.op if (s.op in _MOVES or (s.op, i) == ("embedding", 0)) else "")
+            if s.op in _MOVES:
+                reach[s.node] = origin
+    found, misread = [], []
+    for i, p in enumerate(placeholders):
+        val = p.meta.get("val")
+        integer = isinstance(val, torch.Tensor) and not val.is_floating_point()
+        only_indices = "embedding" in readers[p] and readers[p] <= _MOVES | {"embedding"}
+        if integer and not only_indices:
+            misread.append(
+                (
+                    p.name,
+                    f"an integer input of shape {list(val.shape)} read other than as embedding indices (ai3 computes in one float dtype)",
+                )
+            )
+        elif integer or (not exported and only_indices):
+            found.append(i)
+    if misread:
+        raise UnsupportedOperationError(misread)
+    return found
 
 
 #: The reference paper's name for :func:`convert`.

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from . import _core, threads
+from ._export import index_input
 from .autotune.plan import Plan
 from .autotune.resolve import plan_layers, resolve, rows_by_node
 from .errors import DeviceError, Error, InvalidArgumentError
@@ -156,7 +157,7 @@ class Model:
         self._decide_lock = threading.Lock()
         shape = recipe.get("sample_input_shape")
         if recipe.get("pending") and shape is not None:
-            resolve(recipe, self._as_shape_list(shape), _build)
+            resolve(recipe, self._with_derived_shapes(self._as_shape_list(shape)), _build)
         self._core = _build(recipe)
         # The input shapes of the latest call, for repr and summary().
         self._last_shapes: list[Any] | None = None
@@ -171,8 +172,13 @@ class Model:
         """Checks the inputs and detaches them; returns them with their shapes.
         ``stacklevel`` is the user's frame as seen from here (1 = this method), so
         the warning points at the user's line."""
+        derived = self._recipe.get("derived")
+        expected = self._recipe["num_inputs"] - (len(derived.casts) if derived else 0)
+        if derived is not None and len(inputs) != expected:
+            raise InvalidArgumentError(f"model: expected {expected} input(s), got {len(inputs)}")
+        indices = self._recipe.get("index_inputs") or ()
         prepared, shapes = [], []
-        for x in inputs:
+        for i, x in enumerate(inputs):
             shapes.append(getattr(x, "shape", ()))
             if isinstance(x, torch.Tensor):
                 if x.device.type != "cpu":
@@ -185,8 +191,22 @@ class Model:
                     warnings.warn(_GRAD_WARNING, UserWarning, stacklevel=stacklevel)
                 # A tensor that requires grad cannot be exported; the model records no gradients.
                 x = x.detach()
+                if i in indices:
+                    x = index_input(x, self.dtype, f"model input {i} (embedding indices)")
             prepared.append(x)
+        if derived is not None:
+            extra = derived(prepared)
+            prepared += extra
+            shapes += [t.shape for t in extra]
         return prepared, shapes
+
+    def _with_derived_shapes(self, shapes: list[list[int]]) -> list[list[int]]:
+        """The shapes of every input of the Rust graph for user inputs of ``shapes``:
+        these and those of the tensors computed from them (see :mod:`ai3._export`)."""
+        derived = self._recipe.get("derived")
+        if derived is None or len(shapes) != len(derived.input_dtypes):
+            return shapes
+        return shapes + derived.shapes(shapes)
 
     def _decide(self, shapes: list[Any]) -> None:
         """Decides the pending layers ('auto') for the first call's input shapes."""
@@ -202,13 +222,18 @@ class Model:
             self._decide(shapes)
         capsules = self._core.run(prepared)
         # Only after a successful run, so that repr never shows shapes the model rejected.
-        self._last_shapes = shapes
+        self._last_shapes = shapes[: len(inputs)]
         return [torch.from_dlpack(c) for c in capsules]
 
     def __call__(self, *inputs: Any) -> Any:
         """Runs the network on ``inputs`` (one per input of the network) and returns
-        a ``torch.Tensor``, or a tuple of them for a network with several outputs."""
+        a ``torch.Tensor``, or a tuple of them for a network with several outputs.
+        A network captured by ``torch.export`` returns its outputs in the structure
+        its forward does (a Hugging Face ``ModelOutput``, a dict, ...)."""
         outs = self._run(inputs)
+        spec = self._recipe.get("out_spec")
+        if spec is not None:
+            return torch.utils._pytree.tree_unflatten(outs, spec)
         return outs[0] if self._recipe["single_output"] else tuple(outs)
 
     #: Same as calling the model.
@@ -253,7 +278,7 @@ class Model:
                 f"{what}: an input shape is needed: none was given here or to "
                 "convert(sample_input_shape=...), and the model has not been called yet"
             )
-        return shapes
+        return self._with_derived_shapes(shapes)
 
     def summary(self, input_shape: Sequence[int] | None = None) -> Summary:
         """The nodes of the graph for this input shape, as a :class:`Summary`
@@ -282,7 +307,7 @@ class Model:
         threads.sync()
         prepared, shapes = self._prepare(inputs, stacklevel=3)
         _, times = self._core.profile(prepared, repeat)
-        self._last_shapes = shapes
+        self._last_shapes = shapes[: len(inputs)]
         rows = self._core.summary([list(s) for s in shapes])
         for row, t in zip(rows, times, strict=True):
             row["ms"] = t * 1e3

@@ -19,7 +19,7 @@ The package:
 - the handlers, by family: ``attention.py`` (scaled dot-product attention),
   ``conv_linear.py``, ``norms.py``, ``pooling.py``
   (and ``mean``), ``activations.py`` (and softmax), ``elementwise.py``
-  (arithmetic, ``cat``), ``shapes.py`` (flatten, permute, reshape/view,
+  (arithmetic, ``cat``), ``embedding.py``, ``shapes.py`` (flatten, permute, reshape/view,
   chunk/split, getitem, sizes), ``identity.py`` (Dropout, Identity,
   ``contiguous``), ``swapped.py`` (modules ``ai3.swap_operation`` put in).
 
@@ -39,6 +39,7 @@ from . import (  # noqa: F401
     attention,
     conv_linear,
     elementwise,
+    embedding,
     identity,
     norms,
     pooling,

@@ -140,3 +140,28 @@ register(
         "softmax": _softmax,
     },
 )
+
+#: The same operations as ATen records them in graphs captured by torch.export.
+aten = torch.ops.aten
+_GELU = Sig("input, approximate", approximate="none")
+register(
+    functions={
+        aten.relu.default: _act_fn("relu"),
+        aten.relu_.default: _act_fn("relu", inplace=True),
+        aten.hardtanh.default: _act_fn(
+            "hardtanh",
+            Sig("input, min_val, max_val", min_val=-1.0, max_val=1.0),
+            lambda b: _hardtanh_params(b["min_val"], b["max_val"]),
+        ),
+        aten.hardswish.default: _act_fn("hardswish"),
+        aten.hardsigmoid.default: _act_fn("hardsigmoid"),
+        aten.silu.default: _act_fn("silu"),
+        aten.sigmoid.default: _act_fn("sigmoid"),
+        aten.tanh.default: _act_fn("tanh"),
+        aten.gelu.default: _act_fn("gelu", _GELU, lambda b: _gelu_approximate(b["approximate"])),
+        aten.softmax.int: _softmax,
+        aten._softmax.default: _softmax_fn(
+            Sig("input, dim, half_to_float", half_to_float=False, fixed="half_to_float")
+        ),
+    }
+)

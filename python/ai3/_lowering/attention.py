@@ -63,4 +63,9 @@ def _sdpa(lw: Lowerer, n) -> None:
     )  # fmt: skip
 
 
-register(functions={F.scaled_dot_product_attention: _sdpa})
+register(
+    functions={
+        F.scaled_dot_product_attention: _sdpa,
+        torch.ops.aten.scaled_dot_product_attention.default: _sdpa,
+    }
+)

@@ -25,6 +25,7 @@ class Unsupported(Exception):
 VALUE_PARAMS = frozenset(
     {"input", "other", "tensor", "tensors", "weight", "bias", "running_mean", "running_var"}
     | {"a", "b", "obj", "shape", "size", "query", "key", "value", "attn_mask", "condition", "mat2"}
+    | {"indices", "mat1"}
 )
 
 

@@ -74,6 +74,23 @@ def _linear_fn(lw: Lowerer, n) -> None:
     lw.step(n, "linear", inputs, {"weight": w, "bias": bias})
 
 
+_ADDMM = Sig("input, mat1, mat2, *, beta, alpha", beta=1, alpha=1, fixed="beta alpha")
+
+
+def _addmm(lw: Lowerer, n) -> None:
+    """``aten.addmm(bias, x, w)`` = ``x @ w + bias``, as exported graphs record a
+    linear layer stored transposed (GPT-2's ``Conv1D``): a ``linear`` node
+    holding ``w`` transposed once, when ``w`` and ``bias`` are the module's."""
+    b = _ADDMM.bind(n)
+    bias, w = lw.const_tensor(lw.resolve(b["input"])), lw.const_tensor(lw.resolve(b["mat2"]))
+    if w.dim() != 2 or bias.dim() != 1 or bias.shape[0] != w.shape[1]:
+        raise Unsupported(
+            f"addmm of a {list(w.shape)} matrix with a bias of shape {list(bias.shape)} "
+            "(ai3 takes a 2-D weight and a 1-D bias of its columns)"
+        )
+    lw.step(n, "linear", [b["mat1"]], {"weight": w.t(), "bias": bias})
+
+
 def _matmul(sig: Sig, a: str, b: str) -> Callable:
     def handler(lw: Lowerer, n) -> None:
         bound = sig.bind(n)
@@ -96,4 +113,15 @@ register(
         operator.matmul: _matmul(Sig("a, b"), "a", "b"),
     },
     methods={"matmul": _MATMUL, "bmm": _BMM},
+)
+
+aten = torch.ops.aten
+register(
+    functions={
+        aten.conv2d.default: _conv_fn,
+        aten.linear.default: _linear_fn,
+        aten.addmm.default: _addmm,
+        aten.matmul.default: _MATMUL,
+        aten.bmm.default: _BMM,
+    }
 )

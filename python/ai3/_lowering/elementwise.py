@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx
 
 from .. import _sizes as S
 from .calls import Sig, Unsupported, as_int
@@ -114,4 +115,50 @@ register(
         **{f: _binary_fn for f in _BINARY_NAMES},
     },
     methods={kind: _binary_method(kind) for kind in _METHOD_BINARY},
+)
+
+_POW = Sig("input, exponent")
+
+
+def _pow(lw: Lowerer, n) -> None:
+    """``x ** k`` for a whole exponent ``k`` from 1 to 4 (GPT-2's ``x ** 3`` in
+    its GELU), as a chain of products; other exponents are unsupported."""
+    b = _POW.bind(n)
+    x, k = b["input"], b["exponent"]
+    if isinstance(k, float) and k.is_integer():
+        k = int(k)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 4:
+        raise Unsupported(f"exponent={k!r} (ai3 raises to a whole power from 1 to 4)")
+    if k == 1:
+        lw.alias(n, x, same=False)
+        return
+    # x**2 = x*x; x**3 = (x*x)*x; x**4 = (x*x)*(x*x): the last step computes n.
+    square = n if k == 2 else _partial(lw, n, "square")
+    lw.step(square, "mul", [x, x])
+    if k == 3:
+        lw.step(n, "mul", [square, x])
+    elif k == 4:
+        lw.step(n, "mul", [square, square])
+
+
+def _partial(lw: Lowerer, n, what: str) -> torch.fx.Node:
+    """A node standing for an intermediate value of ``n``'s lowering (not in the graph)."""
+    return torch.fx.Node(n.graph, f"{n.name}_{what}", "call_function", _partial, (), {})
+
+
+#: The same operations as ATen records them in graphs captured by torch.export.
+aten = torch.ops.aten
+register(
+    functions={
+        **{
+            getattr(aten, kind).Tensor: _binary_method(kind)
+            for kind in ("add", "sub", "mul", "div")
+        },
+        **{
+            getattr(aten, kind).Scalar: _binary_method(kind)
+            for kind in ("add", "sub", "mul", "div")
+        },
+        aten.pow.Tensor_Scalar: _pow,
+        aten.cat.default: _cat_fn,
+    }
 )

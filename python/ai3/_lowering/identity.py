@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -88,6 +89,65 @@ register(
     },
     functions={F.dropout: _dropout_fn(same=True), F.dropout2d: _dropout_fn(same=False)},
     methods={"contiguous": _contiguous},
+)
+
+
+_ATEN_DROPOUT = Sig("input, p, train")
+
+
+def _aten_dropout(lw: Lowerer, n) -> None:
+    b = _ATEN_DROPOUT.bind(n)
+    _dropout(lw, n, b["input"], b["p"], b["train"], same=True, module=False)
+
+
+_CLONE = Sig("input, *, memory_format", memory_format=None)
+
+
+def _clone(lw: Lowerer, n) -> None:
+    """``aten.clone``: ai3 never writes into a value another node reads, so a copy is an alias."""
+    lw.alias(n, _CLONE.bind(n)["input"], same=False)
+
+
+def _metadata_check(lw: Lowerer, n) -> None:
+    """``aten._assert_tensor_metadata``: torch.export's check of a tensor's dtype
+    and device, which ai3's own checks of its inputs cover."""
+
+
+_TO = Sig(
+    "input, *, dtype, layout, device, pin_memory, non_blocking, copy, memory_format",
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
+    copy=False,
+    memory_format=None,
+)
+
+
+def _to(lw: Lowerer, n) -> None:
+    """``aten.to`` / ``aten._to_copy`` that keeps the dtype (a forward's
+    ``x.to(self.dtype)``): the identity; a real conversion is unsupported, as
+    ai3 computes in one dtype."""
+    b = _TO.bind(n)
+    x = b["input"]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if b["dtype"] is not None and (val is None or val.dtype != b["dtype"]):
+        raise Unsupported(f"a conversion to {b['dtype']} (ai3 computes in one dtype)")
+    if b["device"] is not None and torch.device(b["device"]).type != "cpu":
+        raise Unsupported(f"a move to {b['device']}")
+    lw.alias(n, x, same=False)
+
+
+aten = torch.ops.aten
+register(
+    functions={
+        aten.dropout.default: _aten_dropout,
+        aten.clone.default: _clone,
+        aten._assert_tensor_metadata.default: _metadata_check,
+        aten.to.dtype_layout: _to,
+        aten._to_copy.default: _to,
+    }
 )
 
 

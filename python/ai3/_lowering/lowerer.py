@@ -70,19 +70,23 @@ class Alias:
 
 @dataclass(frozen=True)
 class Pieces:
-    """The tuple returned by ``chunk`` / ``split``; only ``getitem`` may read it."""
+    """The tuple returned by ``chunk`` / ``split`` / ``unbind``; only ``getitem``
+    may read it. ``unbind``'s pieces drop the dimension (``squeeze``)."""
 
     node: torch.fx.Node
     dim: int
     chunks: int | None
     split_size: int | None
     sections: list[int] | None
+    squeeze: bool = False
 
 
 _TENSOR = "tensor"
 _CONST = "const"
 #: The value of a node that could not be lowered: readers go on without another error.
 OPAQUE = "opaque"
+#: A tensor computed from input shapes alone that only other such tensors read.
+_DERIVED = "derived"
 _VALUES = (_TENSOR, _CONST, OPAQUE)
 
 
@@ -108,8 +112,21 @@ class Lowerer:
     unsupported.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        root: nn.Module | None = None,
+        derived: set[torch.fx.Node] | None = None,
+        frontier: list[torch.fx.Node] | None = None,
+    ):
         self.gm = gm
+        #: For a graph captured by torch.export: the module it came from (each
+        #: node's module is found through its ``nn_module_stack``), the nodes
+        #: computed from input shapes alone, and those among them the network
+        #: reads, which become inputs (see :mod:`ai3._export`).
+        self.root = root
+        self.derived = derived or set()
+        self.frontier = frontier or []
         self.kind: dict[torch.fx.Node, Any] = {}
         self.steps: list[Step] = []
         self.unsupported: list[tuple[str, str]] = []
@@ -275,10 +292,24 @@ class Lowerer:
         if inplace:
             self._check_mutable(inputs[0])
         read = [self.tensor(i) for i in inputs] + [self.shape_source(i) for i in shapes]
+        if module is None:
+            module = self._module_of(n)
         self.steps.append(Step(n, op, read, dict(params or {}), module))
         self.kind[n] = _TENSOR
         if inplace:
             self._mutated(n, inputs[0])
+
+    def _module_of(self, n: torch.fx.Node) -> nn.Module | None:
+        """The innermost module a node of an exported graph was computed in, for
+        selectors that take the module (fx graphs name it in ``call_module``)."""
+        stack = n.meta.get("nn_module_stack")
+        if self.root is None or not stack:
+            return None
+        path = next(reversed(stack.values()))[0]
+        try:
+            return self.root.get_submodule(path)
+        except AttributeError:
+            return None
 
     def unary(self, n, x, op: str, module=None, inplace=False, **params) -> None:
         """A step reading only ``x``, with these parameters."""
@@ -312,8 +343,12 @@ class Lowerer:
         self.kind[n] = OPAQUE  # keep going to find every unsupported node
 
     def lower(self, n: torch.fx.Node) -> None:
-        if n.op == "placeholder":
+        if n.op == "placeholder" or n in self.frontier:
             self.kind[n] = _TENSOR
+        elif n in self.derived:
+            self.kind[n] = _DERIVED
+        elif n.op == "call_module" and n.target == "_guards_fn":
+            pass  # torch.export's checks of the input shapes: the operations check them too
         elif n.op == "get_attr":
             if not isinstance(self.fetch(n.target), torch.Tensor):
                 raise Unsupported("non-tensor attribute")

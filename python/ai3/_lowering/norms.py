@@ -84,6 +84,7 @@ def _layernorm_fn(sig: Sig) -> Callable:
 
 _LAYERNORM = "input, normalized_shape, weight, bias, eps"
 _LN_DEFAULTS = {"weight": None, "bias": None, "eps": 1e-5}
+_TORCH_LAYERNORM = Sig(_LAYERNORM + ", cudnn_enable", **_LN_DEFAULTS, cudnn_enable=True)
 
 
 register(
@@ -92,8 +93,7 @@ register(
         F.batch_norm: _batchnorm_fn(_F_BATCHNORM),
         torch.batch_norm: _batchnorm_fn(_TORCH_BATCHNORM),
         F.layer_norm: _layernorm_fn(Sig(_LAYERNORM, **_LN_DEFAULTS)),
-        torch.layer_norm: _layernorm_fn(
-            Sig(_LAYERNORM + ", cudnn_enable", **_LN_DEFAULTS, cudnn_enable=True)
-        ),
+        torch.layer_norm: _layernorm_fn(_TORCH_LAYERNORM),
+        torch.ops.aten.layer_norm.default: _layernorm_fn(_TORCH_LAYERNORM),
     },
 )

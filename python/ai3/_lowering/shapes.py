@@ -101,9 +101,9 @@ def _size_spec(lw: Lowerer, x: Any, entries: Any) -> tuple[list, tuple]:
     return [S.encode(e, index) for e in exprs], tuple(extra)
 
 
-def _expand(lw: Lowerer, n) -> None:
+def _expand(lw: Lowerer, n, sig: Sig | None = None) -> None:
     """``x.expand(*sizes)``: each size a constant, ``-1``, or a size read at run time."""
-    b = _EXPAND.bind(n)
+    b = (sig or _EXPAND).bind(n)
     x, sizes = b["input"], b["size"]
     if len(sizes) == 1 and isinstance(sizes[0], list | tuple):
         sizes = sizes[0]
@@ -203,6 +203,9 @@ def _getitem(lw: Lowerer, n) -> None:
         lw.kind[n] = OPAQUE  # its source is already reported
     elif isinstance(k, S.ShapeOf) and isinstance(idx, int) and not isinstance(idx, bool):
         lw.kind[n] = S.Dim(k.node, idx)
+    elif isinstance(k, Pieces) and k.squeeze and isinstance(idx, int):
+        lw.check_current(src)  # the pieces are views of their input
+        _index(lw, n, k.node, _at_dim(k.dim, idx))
     elif isinstance(k, Pieces) and isinstance(idx, int) and not isinstance(idx, bool):
         lw.check_current(src)  # the pieces are views of their input
         if k.sections is not None:
@@ -341,4 +344,72 @@ register(
         "unsqueeze": _unsqueeze,
         "dim": _rank,
     },
+)
+
+#: A slice end of "to the end", as ATen records ``x[a:]``.
+_TO_THE_END = 2**63 - 1
+_SLICE = Sig("input, dim, start, end, step", dim=0, start=None, end=None, step=1)
+
+
+def _at_dim(dim: int, item: Any) -> tuple[Any, ...]:
+    """Index items applying ``item`` at dimension ``dim`` and leaving the others whole."""
+    if dim >= 0:
+        return (*[slice(None)] * dim, item, ...)
+    return (..., item, *[slice(None)] * (-dim - 1))
+
+
+def _aten_slice(lw: Lowerer, n) -> None:
+    """``aten.slice(x, dim, start, end, step)``: ``x[..., start:end:step, ...]``."""
+    b = _SLICE.bind(n)
+    end = b["end"]
+    if isinstance(end, int) and end >= _TO_THE_END:
+        end = None
+    item = slice(b["start"], end, b["step"])
+    _index(lw, n, b["input"], _at_dim(as_int("dim", b["dim"]), item))
+
+
+_SELECT = Sig("input, dim, index")
+
+
+def _aten_select(lw: Lowerer, n) -> None:
+    """``aten.select(x, dim, i)``: ``x[..., i, ...]``."""
+    b = _SELECT.bind(n)
+    item = as_int("index", b["index"])
+    _index(lw, n, b["input"], _at_dim(as_int("dim", b["dim"]), item))
+
+
+_UNBIND = Sig("input, dim", dim=0)
+
+
+def _unbind(lw: Lowerer, n) -> None:
+    """``x.unbind(dim)`` (and ``q, k, v = x``): pieces ``x[..., i, ...]``, read by ``getitem``."""
+    b = _UNBIND.bind(n)
+    lw.kind[n] = Pieces(lw.tensor(b["input"]), as_int("dim", b["dim"]), None, 1, None, True)
+    lw.view(n, b["input"])
+
+
+_ATEN_EXPAND = Sig("input, size, *, implicit", implicit=False)
+
+#: The same operations as ATen records them in graphs captured by torch.export.
+aten = torch.ops.aten
+register(
+    functions={
+        aten.view.default: _reshape(Sig("input, size"), "size"),
+        aten._unsafe_view.default: _reshape(Sig("input, size"), "size"),
+        aten.reshape.default: _reshape(Sig("input, shape"), "shape"),
+        aten.transpose.int: _transpose,
+        aten.permute.default: _permute(Sig("input, dims")),
+        aten.unsqueeze.default: _unsqueeze,
+        aten.expand.default: lambda lw, n: _expand(lw, n, _ATEN_EXPAND),
+        aten.slice.Tensor: _aten_slice,
+        aten.select.int: _aten_select,
+        aten.split.Tensor: _pieces(Sig("input, split_size, dim", dim=0), "split_size", False),
+        aten.split_with_sizes.default: _pieces(
+            Sig("input, split_sizes, dim", dim=0), "split_sizes", False
+        ),
+        aten.chunk.default: _chunk,
+        aten.unbind.int: _unbind,
+        aten.flatten.using_ints: _flatten_fn,
+        aten.sym_size.int: _size_method,
+    }
 )
