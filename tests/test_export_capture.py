@@ -48,23 +48,21 @@ MODELS = {"bert": _bert, "gpt2": _gpt2}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_small_transformers_follow_batch_and_sequence_length(name):
+@pytest.mark.parametrize(
+    "small, shapes",
+    [
+        # a new batch and length, the example's again, then one seen before
+        pytest.param(True, [(2, 16), (3, 37), (1, 5), (3, 37)], id="small"),
+        # BERT-base and GPT-2 small, at two sequence lengths
+        pytest.param(False, [(2, 16), (1, 64)], id="base", marks=pytest.mark.slow),
+    ],
+)
+def test_transformers_match_and_follow_batch_and_sequence_length(name, small, shapes):
     torch.manual_seed(0)
-    module = MODELS[name](True)
+    module = MODELS[name](small)
     vocab = module.config.vocab_size
     model = ai3.convert(module, example_inputs=torch.randint(0, vocab, (2, 16)))
-    for shape in [(2, 16), (3, 37), (1, 5), (3, 37)]:
-        _check(module, model, shape, vocab)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_bert_base_and_gpt2_small_match_at_two_lengths(name):
-    torch.manual_seed(0)
-    module = MODELS[name](False)
-    vocab = module.config.vocab_size
-    model = ai3.convert(module, example_inputs=torch.randint(0, vocab, (2, 16)))
-    for shape in [(2, 16), (1, 64)]:
+    for shape in shapes:
         _check(module, model, shape, vocab)
 
 

@@ -20,6 +20,7 @@ exact floats. Everything that depends on the inputs' values runs in Rust.
 from __future__ import annotations
 
 import inspect
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -212,16 +213,28 @@ class Derived:
         self.casts = casts
         self.dtype = dtype
         self._cache: OrderedDict[tuple, list[torch.Tensor]] = OrderedDict()
+        self._lock = threading.Lock()  # models may be called from several threads
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cache": OrderedDict()}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _cache=OrderedDict(), _lock=threading.Lock())
 
     def __call__(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         key = tuple(tuple(getattr(x, "shape", ())) for x in inputs)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+            out = self._compute(inputs)
+            self._cache[key] = out
+            if len(self._cache) > SHAPES_KEPT:
+                self._cache.popitem(last=False)
+            return out
+
+    def _compute(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         with torch.no_grad():
             values = self.module(*inputs)
         out = []
@@ -232,9 +245,6 @@ class Derived:
                 out.append(index_input(v, self.dtype, "embedding"))
             else:
                 out.append(v.to(self.dtype).contiguous())
-        self._cache[key] = out
-        if len(self._cache) > SHAPES_KEPT:
-            self._cache.popitem(last=False)
         return out
 
     def shapes(self, input_shapes: Sequence[Sequence[int]]) -> list[list[int]]:
