@@ -199,3 +199,28 @@ def test_integer_inputs_read_as_numbers_are_unsupported():
 
     with pytest.raises(ai3.UnsupportedOperationError, match="integer input of shape"):
         ai3.convert(AddIds(), example_inputs=torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_sequences_too_long_for_the_tables_and_failing_shape_code_are_clear_errors():
+    lm = TinyLM().eval()
+    model = ai3.convert(lm, example_inputs=torch.randint(0, 50, (2, 6)))
+    # The position embeddings depend on the length alone: PyTorch computes them, per shape.
+    with pytest.raises(
+        ai3.ShapeError, match=r"shapes \[\[1, 70\]\]: IndexError: index out of range"
+    ):
+        model(torch.randint(0, 50, (1, 70)))  # 64 positions in the table
+
+    class Halves(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Embedding(32, 4)
+
+        def forward(self, ids):
+            return self.pos(torch.arange(ids.shape[1]).view(2, -1))
+
+    halves = Halves().eval()
+    model = ai3.convert(halves, example_inputs=torch.zeros(2, 6, dtype=torch.long))
+    x = torch.zeros(2, 8, dtype=torch.long)
+    assert torch.equal(model(x), halves(x).detach())
+    with pytest.raises(ai3.ShapeError, match=r"inputs of shapes \[\[2, 7\]\]"):
+        model(torch.zeros(2, 7, dtype=torch.long))

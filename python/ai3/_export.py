@@ -235,8 +235,18 @@ class Derived:
             return out
 
     def _compute(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        with torch.no_grad():
-            values = self.module(*inputs)
+        from .errors import ShapeError
+
+        try:
+            with torch.no_grad():
+                values = self.module(*inputs)
+        except Exception as e:  # PyTorch's own error on these shapes, many types
+            shapes = [list(getattr(x, "shape", ())) for x in inputs]
+            raise ShapeError(
+                f"model: the tensors the network computes from its input shapes "
+                f"(position ids, masks) fail for inputs of shapes {shapes}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         out = []
         for v, cast in zip(values, self.casts, strict=True):
             if cast == "mask":

@@ -372,7 +372,7 @@ def _index_inputs(lw: Lowerer, placeholders: list[torch.fx.Node], exported: bool
     for i, p in enumerate(placeholders):
         val = p.meta.get("val")
         integer = isinstance(val, torch.Tensor) and not val.is_floating_point()
-        only_indices = "embedding" in readers[p] and readers[p] <= _MOVES | {"embedding"}
+        only_indices = readers[p] <= _MOVES | {"embedding"}  # (or only its shape is read)
         if integer and not only_indices:
             misread.append(
                 (
@@ -380,7 +380,7 @@ def _index_inputs(lw: Lowerer, placeholders: list[torch.fx.Node], exported: bool
                     f"an integer input of shape {list(val.shape)} read other than as embedding indices (ai3 computes in one float dtype)",
                 )
             )
-        elif integer or (not exported and only_indices):
+        elif integer or (not exported and only_indices and "embedding" in readers[p]):
             found.append(i)
     if misread:
         raise UnsupportedOperationError(misread)
