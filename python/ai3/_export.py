@@ -38,8 +38,9 @@ SHAPES_KEPT = 64
 
 @dataclass
 class Captured:
-    """What :func:`capture` produced: the graph (ATen operations, parameters
-    as ``get_attr``), and the structure its flat outputs are returned in."""
+    """A captured graph: by :func:`capture` (ATen operations, parameters as
+    ``get_attr``, with the structure its flat outputs are returned in), or by
+    ``torch.fx`` (``exported=False``, no output structure)."""
 
     gm: torch.fx.GraphModule
     out_spec: Any
