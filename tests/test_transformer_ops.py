@@ -304,3 +304,111 @@ def test_swin_matches_pytorch(name, algo):
     rows = model.summary((2, 3, size, size)).rows
     assert {r["algorithm"] for r in rows if r["op"] == "attention"} == {algo}
     assert sum(r["op"] == "roll" for r in rows) > 0
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda x: x.squeeze(), (1, 3, 1, 4)),
+        (lambda x: x.squeeze(0), (1, 3, 1, 4)),
+        (lambda x: x.squeeze(1), (1, 3, 1, 4)),  # size 3: kept, as in PyTorch
+        (lambda x: torch.squeeze(x, -2), (1, 3, 1, 4)),
+        (lambda x: x.squeeze((0, 2)), (1, 3, 1, 4)),
+        (lambda x: x.squeeze(dim=(1, 3)), (2, 1, 3, 1)),
+        (lambda x: x.sum(), (3, 4)),
+        (lambda x: x.sum(1), (3, 4, 5)),
+        (lambda x: torch.sum(x, (0, 2), keepdim=True), (3, 4, 5)),
+        (lambda x: x.sum(-1, True), (3, 4, 5)),
+        (lambda x: x.sum(0), (0, 4)),  # a sum over no elements is 0
+    ],
+)
+def test_squeeze_and_sum_match_pytorch(fn, shape):
+    _same(Fn(fn), torch.randn(shape))
+
+
+def test_squeeze_follows_the_size_at_each_call():
+    """Whether a dimension goes depends on its size in each call, not at convert time."""
+    module = Fn(lambda x: x.squeeze(0))
+    model = _same(module, torch.randn(1, 3))
+    x = torch.randn(2, 3)
+    assert model(x).shape == (2, 3)
+    assert_close(model(x), module(x), torch.float32)
+
+
+class Einsum(nn.Module):
+    def __init__(self, equation):
+        super().__init__()
+        self.equation = equation
+
+    def forward(self, a, b, c):
+        return torch.einsum(self.equation, a, b, c)
+
+
+_EINSUMS = [
+    # equation, operand shapes; the first ones are MaxViT's and common attention code's.
+    ("bhid,bhjd->bhij", [(2, 3, 5, 4), (2, 3, 6, 4)]),
+    ("bhij,bhjd->bhid", [(2, 3, 5, 6), (2, 3, 6, 4)]),
+    ("b i d, b j d -> b i j", [(2, 3, 4), (2, 5, 4)]),
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("ij,kj", [(3, 4), (5, 4)]),  # implicit output: 'ik'
+    ("ij->ji", [(3, 4)]),
+    ("ij->i", [(3, 4)]),
+    ("ij->", [(3, 4)]),
+    ("ij", [(3, 4)]),
+    ("ji", [(3, 4)]),  # implicit output in alphabetical order: a transpose
+    ("i,j->ij", [(3,), (4,)]),
+    ("i,i->", [(3,), (3,)]),
+    ("ij,ij->ij", [(3, 4), (3, 4)]),
+    ("abcd,cdef->abef", [(2, 3, 4, 5), (4, 5, 6, 7)]),
+    ("abc,abd->cd", [(2, 3, 4), (2, 3, 5)]),
+    ("ijk,ik->j", [(2, 3, 4), (2, 4)]),
+    ("bij,bjk,bkl->bil", [(2, 3, 4), (2, 4, 5), (2, 5, 6)]),
+    ("bn,anm,bm->ba", [(2, 3), (4, 3, 5), (2, 5)]),
+    ("bi,bj->bji", [(1, 3), (4, 5)]),  # a batch letter of size 1 broadcasts
+]
+
+
+@pytest.mark.parametrize("equation, shapes", _EINSUMS)
+def test_einsum_matches_pytorch(equation, shapes):
+    inputs = [torch.randn(s) for s in shapes]
+    if len(inputs) == 1:
+        module = Fn(lambda x: torch.einsum(equation, x))
+    elif len(inputs) == 2:
+        module = Two(lambda a, b: torch.einsum(equation, a, b))
+    else:
+        module = Einsum(equation)
+    model = _same(module, *inputs)
+    assert {r["op"] for r in model.summary([list(s) for s in shapes])} <= {
+        "permute", "reshape", "matmul", "sum"
+    }  # fmt: skip
+
+
+def test_einsum_follows_the_sizes_of_each_call():
+    module = Two(lambda q, k: torch.einsum("bhid,bhjd->bhij", q, k))
+    model = _same(module, torch.randn(2, 3, 5, 4), torch.randn(2, 3, 6, 4))
+    q, k = torch.randn(1, 3, 9, 4), torch.randn(1, 3, 2, 4)
+    assert_close(model(q, k), module(q, k), torch.float32)
+
+
+def test_einsum_with_an_ellipsis_is_captured_with_its_ranks():
+    """'...' needs the operands' ranks: torch.export records them, torch.fx does not."""
+    module = Two(lambda a, b: torch.einsum("...ij,...jk->...ik", a, b))
+    with pytest.raises(ai3.UnsupportedOperationError, match="needs the operands' ranks"):
+        ai3.convert(module)
+    a, b = torch.randn(2, 3, 4, 5), torch.randn(3, 5, 6)
+    model = ai3.convert(module, example_inputs=(a, b))
+    assert_close(model(a, b), module(a, b), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "equation, match",
+    [
+        ("ii->i", "subscript 'i' repeats within operand 'ii'"),
+        ("ij->k", "output subscripts"),
+        ("i1->i", "are not subscripts"),
+        ("ij,jk->ik", "names 2 operand"),
+    ],
+)
+def test_what_einsum_cannot_do_is_named(equation, match):
+    with pytest.raises(ai3.UnsupportedOperationError, match=match):
+        ai3.convert(Fn(lambda x: torch.einsum(equation, x)))

@@ -496,6 +496,8 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(Roll, Direct, "row copies in two rotated segments"),
     row!(Normalize, Direct, "sum of squares, then one scaling pass"),
     row!(Embedding, Direct, "row copies from the table"),
+    row!(Sum, Direct, "f64 sums over collapsed dimensions"),
+    row!(Squeeze, Direct, "copy under a new shape"),
     row!(
         Attention,
         Flash,

@@ -17,8 +17,8 @@ The package:
   parameters of the call, so that an argument ai3 does not implement makes
   the node unsupported instead of being ignored; ``as_int`` and friends;
 - the handlers, by family: ``attention.py`` (scaled dot-product attention),
-  ``conv_linear.py``, ``norms.py``, ``pooling.py``
-  (and ``mean``), ``activations.py`` (and softmax), ``elementwise.py``
+  ``conv_linear.py``, ``einsum.py`` (as permutes, reshapes and
+  matmuls), ``norms.py``, ``pooling.py`` (and ``mean``, ``sum``), ``activations.py`` (and softmax), ``elementwise.py``
   (arithmetic, ``cat``), ``embedding.py``, ``shapes.py`` (flatten, permute, reshape/view,
   chunk/split, getitem, sizes), ``identity.py`` (Dropout, Identity,
   ``contiguous``), ``swapped.py`` (modules ``ai3.swap_operation`` put in).
@@ -38,6 +38,7 @@ from . import (  # noqa: F401
     activations,
     attention,
     conv_linear,
+    einsum,
     elementwise,
     embedding,
     identity,

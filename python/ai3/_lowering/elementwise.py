@@ -133,17 +133,12 @@ def _pow(lw: Lowerer, n) -> None:
         lw.alias(n, x, same=False)
         return
     # x**2 = x*x; x**3 = (x*x)*x; x**4 = (x*x)*(x*x): the last step computes n.
-    square = n if k == 2 else _partial(lw, n, "square")
+    square = n if k == 2 else lw.partial(n, "square")
     lw.step(square, "mul", [x, x])
     if k == 3:
         lw.step(n, "mul", [square, x])
     elif k == 4:
         lw.step(n, "mul", [square, square])
-
-
-def _partial(lw: Lowerer, n, what: str) -> torch.fx.Node:
-    """A node standing for an intermediate value of ``n``'s lowering (not in the graph)."""
-    return torch.fx.Node(n.graph, f"{n.name}_{what}", "call_function", _partial, (), {})
 
 
 #: The same operations as ATen records them in graphs captured by torch.export.

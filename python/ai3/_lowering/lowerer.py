@@ -311,6 +311,11 @@ class Lowerer:
         except AttributeError:
             return None
 
+    def partial(self, n: torch.fx.Node, what: str) -> torch.fx.Node:
+        """A node standing for an intermediate value of ``n``'s lowering, for
+        a handler that computes ``n`` in several steps (not in the graph)."""
+        return torch.fx.Node(n.graph, f"{n.name}_{what}", "call_function", _intermediate, (), {})
+
     def unary(self, n, x, op: str, module=None, inplace=False, **params) -> None:
         """A step reading only ``x``, with these parameters."""
         self.step(n, op, [x], params, module, inplace)
@@ -378,6 +383,10 @@ class Lowerer:
                 f"output structure {type(result).__name__} (ai3 returns a tensor or a tuple)"
             )
         self.outputs = [self.tensor(r) for r in items]
+
+
+def _intermediate() -> None:
+    """The target of the nodes :meth:`Lowerer.partial` makes (never called)."""
 
 
 def _handler(table: dict[Any, Callable], key: Any) -> Callable:

@@ -1,5 +1,5 @@
 """Pooling and reductions: max, average and adaptive 2-D pooling (modules and
-functions), and ``mean``."""
+functions), and the reductions ``mean`` and ``sum``."""
 
 from __future__ import annotations
 
@@ -116,13 +116,22 @@ _METHOD_MEAN = Sig(
 )
 
 
-def _mean_fn(sig: Sig) -> Callable:
+def _reduce_fn(op: str, sig: Sig) -> Callable:
+    """``torch.mean`` / ``torch.sum`` and their methods: over ``dim`` (None or
+    empty: every dimension)."""
+
     def handler(lw: Lowerer, n) -> None:
         b = sig.bind(n)
-        dims = [] if b["dim"] is None else as_ints("dim", b["dim"])
-        lw.unary(n, b["input"], "mean", dims=dims, keepdim=as_bool("keepdim", b["keepdim"]))
+        dim, keepdim = b.get("dim"), b.get("keepdim", False)  # ATen's .default has neither
+        dims = [] if dim is None else as_ints("dim", dim)
+        lw.unary(n, b["input"], op, dims=dims, keepdim=as_bool("keepdim", keepdim))
 
     return handler
+
+
+_ATEN_REDUCE = Sig("input, dim, keepdim, *, dtype", keepdim=False, dtype=None, fixed="dtype")
+_ATEN_ALL = Sig("input, *, dtype", dtype=None, fixed="dtype")
+aten = torch.ops.aten
 
 
 register(
@@ -141,7 +150,12 @@ register(
             "adaptivemaxpool2d",
             Sig("input, output_size, return_indices", return_indices=False, fixed="return_indices"),
         ),
-        torch.mean: _mean_fn(_TORCH_MEAN),
+        torch.mean: _reduce_fn("mean", _TORCH_MEAN),
+        torch.sum: _reduce_fn("sum", _TORCH_MEAN),
+        aten.mean.dim: _reduce_fn("mean", _ATEN_REDUCE),
+        aten.sum.dim_IntList: _reduce_fn("sum", _ATEN_REDUCE),
+        aten.mean.default: _reduce_fn("mean", _ATEN_ALL),
+        aten.sum.default: _reduce_fn("sum", _ATEN_ALL),
     },
-    methods={"mean": _mean_fn(_METHOD_MEAN)},
+    methods={"mean": _reduce_fn("mean", _METHOD_MEAN), "sum": _reduce_fn("sum", _METHOD_MEAN)},
 )

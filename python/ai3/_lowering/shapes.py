@@ -1,5 +1,5 @@
 """Shape operations, which move elements without computing new ones:
-flatten, permute/transpose, reshape/view, chunk/split and the ``getitem``
+flatten, permute/transpose, reshape/view, squeeze/unsqueeze, chunk/split and the ``getitem``
 that picks a piece, and the symbolic sizes ``x.shape`` / ``x.size(d)``.
 
 Their results may share their input's memory, so each records itself as a
@@ -77,6 +77,18 @@ def _unsqueeze(lw: Lowerer, n) -> None:
     d = as_int("dim", b["dim"])
     items = (*[slice(None)] * d, None, ...) if d >= 0 else (..., None, *[slice(None)] * (-d - 1))
     _index(lw, n, b["input"], items)
+
+
+_SQUEEZE = Sig("input, dim", dim=None)
+
+
+def _squeeze(lw: Lowerer, n) -> None:
+    """``x.squeeze(dim)``: the dimensions of size 1 among ``dim`` (an int, a
+    tuple, or None for all) removed; their sizes are known only at run time."""
+    b = _SQUEEZE.bind(n)
+    params = {} if b["dim"] is None else {"dims": as_ints("dim", b["dim"])}
+    lw.step(n, "squeeze", [b["input"]], params)
+    lw.view(n, b["input"])
 
 
 def _transpose(lw: Lowerer, n) -> None:
@@ -326,6 +338,7 @@ register(
         torch.roll: _roll,
         torch.swapaxes: _swapaxes,
         torch.unsqueeze: _unsqueeze,
+        torch.squeeze: _squeeze,
         **dict.fromkeys(_COMPARISONS, _compare),
         builtins.getattr: _getattr_fn,
     },
@@ -342,6 +355,7 @@ register(
         "roll": _roll,
         "swapaxes": _swapaxes,
         "unsqueeze": _unsqueeze,
+        "squeeze": _squeeze,
         "dim": _rank,
     },
 )
@@ -400,6 +414,9 @@ register(
         aten.transpose.int: _transpose,
         aten.permute.default: _permute(Sig("input, dims")),
         aten.unsqueeze.default: _unsqueeze,
+        aten.squeeze.default: _squeeze,
+        aten.squeeze.dim: _squeeze,
+        aten.squeeze.dims: _squeeze,
         aten.expand.default: lambda lw, n: _expand(lw, n, _ATEN_EXPAND),
         aten.slice.Tensor: _aten_slice,
         aten.select.int: _aten_select,

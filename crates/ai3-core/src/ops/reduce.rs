@@ -1,4 +1,5 @@
-//! Reductions: softmax along one dimension and the mean over dimensions.
+//! Reductions: softmax along one dimension, L2 normalisation, and the mean
+//! and sum over dimensions.
 
 use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::reduce;
@@ -116,9 +117,10 @@ pub const NORMALIZE: OpSpec = OpSpec {
     },
 };
 
-/// `x.mean(dims, keepdim)`; no dims means every dimension.
+/// `x.mean(dims, keepdim)` or `x.sum(dims, keepdim)`; no dims means every dimension.
 #[derive(Debug, Clone)]
 pub struct Mean {
+    op: OpKind,
     dims: Vec<i64>,
     keepdim: bool,
 }
@@ -126,12 +128,25 @@ pub struct Mean {
 impl Mean {
     /// The mean over `dims` (negative counts from the end; empty = all).
     pub fn new(dims: Vec<i64>, keepdim: bool) -> Self {
-        Mean { dims, keepdim }
+        Mean {
+            op: OpKind::Mean,
+            dims,
+            keepdim,
+        }
+    }
+
+    /// The sum over `dims` (negative counts from the end; empty = all).
+    pub fn sum(dims: Vec<i64>, keepdim: bool) -> Self {
+        Mean {
+            op: OpKind::Sum,
+            dims,
+            keepdim,
+        }
     }
 
     /// Which dimensions of `shape` are reduced.
     fn mask(&self, shape: &[usize]) -> Result<Vec<bool>> {
-        let op = OpKind::Mean;
+        let op = self.op;
         let rank = shape.len();
         if self.dims.is_empty() {
             return Ok(vec![true; rank]);
@@ -160,13 +175,13 @@ impl Mean {
 
 impl Operation for Mean {
     fn kind(&self) -> OpKind {
-        OpKind::Mean
+        self.op
     }
     fn algorithm_for(&self, _: &[usize]) -> Result<String> {
         Ok(Algorithm::Direct.name().into())
     }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
-        let x = single(OpKind::Mean, inputs)?;
+        let x = single(self.op, inputs)?;
         let mask = self.mask(x)?;
         Ok(x.iter()
             .zip(&mask)
@@ -178,16 +193,21 @@ impl Operation for Mean {
             .collect())
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
-        let x = single(OpKind::Mean, inputs)?;
+        let x = single(self.op, inputs)?;
         let mask = self.mask(x.shape())?;
+        let mean = self.op == OpKind::Mean;
         with_dtype!(x.dtype(), T, {
             if x.numel() == 0 {
-                // The mean of no elements is NaN, as in PyTorch.
-                elements_mut::<T>(output)?.fill(T::NAN);
+                // Over no elements the mean is NaN and the sum 0, as in PyTorch.
+                elements_mut::<T>(output)?.fill(if mean { T::NAN } else { 0.0 as T });
             } else {
-                let done =
-                    reduce::mean::<T>(x.shape(), &mask, elements(x)?, output.as_mut_slice()?);
-                kernel_result(OpKind::Mean, done, || {
+                let kernel = if mean {
+                    reduce::mean::<T>
+                } else {
+                    reduce::sum::<T>
+                };
+                let done = kernel(x.shape(), &mask, elements(x)?, output.as_mut_slice()?);
+                kernel_result(self.op, done, || {
                     format!("input shape {}", shape_str(x.shape()))
                 })?
             }
@@ -213,6 +233,16 @@ pub const MEAN: OpSpec = OpSpec {
     },
 };
 
+/// `sum` over `dims` (absent or empty: every dimension), keeping them with `keepdim`.
+pub const SUM: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[optional("dims", K::Ints), optional("keepdim", K::Bool)],
+    build: |a| {
+        let dims = a.opt_ints("dims")?.unwrap_or_default();
+        Ok(Box::new(Mean::sum(dims, a.bool_or("keepdim", false)?)))
+    },
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +265,28 @@ mod tests {
             .output_shape(&[&[2, 3]])
             .unwrap_err();
         assert!(err.to_string().contains("[2, 3]"), "{err}");
+    }
+
+    #[test]
+    fn sum_adds_and_an_empty_sum_is_zero() {
+        let x = Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+        let s = Mean::sum(vec![1], true);
+        assert_eq!(s.kind(), OpKind::Sum);
+        assert_eq!(s.output_shape(&[&[2, 3]]).unwrap(), vec![2, 1]);
+        let mut out = Tensor::zeros(x.dtype(), &[2, 1]).unwrap();
+        s.forward(&[&x], &mut out).unwrap();
+        assert_eq!(out.as_slice::<f64>().unwrap(), &[6.0, 15.0]);
+        let empty = Tensor::zeros(x.dtype(), &[0, 2]).unwrap();
+        let mut out = Tensor::zeros(x.dtype(), &[2]).unwrap();
+        out.as_mut_slice::<f64>().unwrap().fill(7.0);
+        Mean::sum(vec![0], false)
+            .forward(&[&empty], &mut out)
+            .unwrap();
+        assert_eq!(out.as_slice::<f64>().unwrap(), &[0.0, 0.0]);
+        let err = Mean::sum(vec![2], false)
+            .output_shape(&[&[2, 3]])
+            .unwrap_err();
+        assert!(err.to_string().contains("sum"), "{err}");
     }
 
     #[test]

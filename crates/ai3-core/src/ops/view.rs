@@ -1,6 +1,7 @@
 //! Operations that read a strided view of their input and write it
 //! contiguous: `expand` (broadcasting, stride 0) and indexing (`x[:, 0]`,
-//! `x[..., 1:5:2]`, `x[None]`). Both run the one gather kernel.
+//! `x[..., 1:5:2]`, `x[None]`), which run the one gather kernel; and
+//! `squeeze`, whose view is the input's data under a shorter shape.
 
 use ai3_kernels::cpu::shape::gather;
 
@@ -303,3 +304,84 @@ pub const INDEX: OpSpec = OpSpec {
         Ok(Box::new(Index::new(items)?))
     },
 };
+
+/// `x.squeeze(dims)`: the listed dimensions that have size 1 removed (a
+/// listed dimension of another size stays, as in PyTorch); no dims: every
+/// dimension of size 1.
+#[derive(Debug, Clone)]
+pub struct Squeeze {
+    dims: Option<Vec<i64>>,
+}
+
+impl Squeeze {
+    /// Removes the size-1 dimensions among `dims` (all of them for `None`).
+    pub fn new(dims: Option<Vec<i64>>) -> Self {
+        Squeeze { dims }
+    }
+}
+
+impl Operation for Squeeze {
+    fn kind(&self) -> OpKind {
+        OpKind::Squeeze
+    }
+    fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+        Ok(Algorithm::Direct.name().into())
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let op = OpKind::Squeeze;
+        let x = super::single(op, inputs)?;
+        let mut drop = vec![self.dims.is_none(); x.len()];
+        for &d in self.dims.iter().flatten() {
+            // A 0-D tensor accepts dim 0 or -1 and stays 0-D, as in PyTorch.
+            let k = super::normalize_dim(op, d, x.len().max(1), x)?;
+            if let Some(flag) = drop.get_mut(k) {
+                *flag = true;
+            }
+        }
+        Ok(x.iter()
+            .zip(drop)
+            .filter(|&(&size, drop)| !(drop && size == 1))
+            .map(|(&size, _)| size)
+            .collect())
+    }
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = super::single(OpKind::Squeeze, inputs)?;
+        with_dtype!(x.dtype(), T, {
+            elements_mut::<T>(output)?.copy_from_slice(elements::<T>(x)?);
+        });
+        Ok(())
+    }
+}
+
+/// `squeeze` of `dims` (absent: every dimension of size 1).
+pub const SQUEEZE: OpSpec = OpSpec {
+    inputs: Arity::exactly(1),
+    params: &[super::attrs::optional("dims", K::Ints)],
+    build: |a| Ok(Box::new(Squeeze::new(a.opt_ints("dims")?))),
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn squeeze_drops_only_dimensions_of_size_one() {
+        let all = Squeeze::new(None);
+        assert_eq!(all.output_shape(&[&[1, 3, 1, 2]]).unwrap(), vec![3, 2]);
+        let some = Squeeze::new(Some(vec![0, -2, 1]));
+        // Dimension 1 (size 3) is listed but stays, as in PyTorch.
+        assert_eq!(some.output_shape(&[&[1, 3, 1, 2]]).unwrap(), vec![3, 2]);
+        assert_eq!(
+            Squeeze::new(Some(vec![-1])).output_shape(&[&[]]).unwrap(),
+            Vec::<usize>::new()
+        );
+        let err = Squeeze::new(Some(vec![4]))
+            .output_shape(&[&[1, 3]])
+            .unwrap_err();
+        assert!(err.to_string().contains("squeeze"), "{err}");
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[1, 3]).unwrap();
+        let mut out = Tensor::zeros(x.dtype(), &[3]).unwrap();
+        all.forward(&[&x], &mut out).unwrap();
+        assert_eq!(out.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0]);
+    }
+}

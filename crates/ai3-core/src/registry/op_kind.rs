@@ -109,6 +109,10 @@ op_kinds! {
     Normalize = "normalize" => ops::reduce::NORMALIZE,
     /// Rows of a table picked by indices (`nn.Embedding`).
     Embedding = "embedding" => ops::embedding::SPEC,
+    /// Sum over dimensions.
+    Sum = "sum" => ops::reduce::SUM,
+    /// Removing dimensions of size 1.
+    Squeeze = "squeeze" => ops::view::SQUEEZE,
 }
 
 impl OpKind {

@@ -118,6 +118,28 @@ pub fn mean<T: Float>(
     input: &[T],
     output: &mut [T],
 ) -> KernelResult<()> {
+    reduce_sum(shape, reduce, input, output, true)
+}
+
+/// The sum over the dimensions `k` with `reduce[k]`, laid out as [`mean`]'s
+/// (a sum over no elements is 0). Sums in f64.
+pub fn sum<T: Float>(
+    shape: &[usize],
+    reduce: &[bool],
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    reduce_sum(shape, reduce, input, output, false)
+}
+
+/// The sum over the reduced dimensions, divided by their element count when `mean`.
+fn reduce_sum<T: Float>(
+    shape: &[usize],
+    reduce: &[bool],
+    input: &[T],
+    output: &mut [T],
+    mean: bool,
+) -> KernelResult<()> {
     if shape.len() != reduce.len() {
         return Err(KernelError::Precondition {
             what: "mean needs one reduce flag per dimension",
@@ -146,7 +168,7 @@ pub fn mean<T: Float>(
         .filter(|(_, &r)| r)
         .map(|(&d, _)| d)
         .product();
-    let scale = 1.0 / count as f64;
+    let scale = if mean { 1.0 / count as f64 } else { 1.0 };
     let gs = groups(shape, reduce);
     // The innermost group is contiguous: summed as runs when reduced, or
     // accumulated as whole output rows when kept.
