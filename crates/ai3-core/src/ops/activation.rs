@@ -1,7 +1,7 @@
 //! Elementwise activations: one operation type for every activation, and the
 //! [`ActivationKind`] that convolution and linear layers fuse as an epilogue.
 
-use ai3_kernels::cpu::activation::{map, map_inplace};
+use ai3_kernels::cpu::activation::{self, map, map_inplace};
 use ai3_kernels::custom;
 use ai3_kernels::Float;
 
@@ -161,6 +161,13 @@ impl ActivationKind {
     /// `output[i] = activation(input[i])`, every element written; slices of
     /// different lengths are an [`Error::Internal`].
     pub fn apply_to<T: Float>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        if let (Some(tanh), Some(out)) = (self.f32_gelu(), f32_slice(output)) {
+            if out.len() == input.len() {
+                out.copy_from_slice(f32_slice_ref(input).expect("T is f32"));
+                activation::gelu_f32_inplace(out, tanh);
+                return Ok(());
+            }
+        }
         let done = with_scalar_fn!(*self, T, map(input, output));
         kernel_result(self.op_kind(), done, || {
             format!("{} input and {} output elements", input.len(), output.len())
@@ -169,8 +176,45 @@ impl ActivationKind {
 
     /// The activation applied in place, e.g. to a convolution's output.
     pub fn apply_inplace<T: Float>(&self, data: &mut [T]) {
+        if let (Some(tanh), Some(d)) = (self.f32_gelu(), f32_slice(data)) {
+            return activation::gelu_f32_inplace(d, tanh);
+        }
         with_scalar_fn!(*self, T, map_inplace(data))
     }
+
+    /// For GELU, whether it is the tanh form: GELU has a vectorised f32 kernel.
+    fn f32_gelu(&self) -> Option<bool> {
+        match self {
+            ActivationKind::Gelu { tanh } => Some(*tanh),
+            _ => None,
+        }
+    }
+
+    /// [`apply_inplace`](Self::apply_inplace) on the calling thread, for a
+    /// kernel's epilogue on a block one of its tasks just wrote.
+    pub fn apply_serial<T: Float>(&self, data: &mut [T]) {
+        fn each<T: Copy>(data: &mut [T], f: impl Fn(T) -> T) {
+            data.iter_mut().for_each(|x| *x = f(*x));
+        }
+        if let (Some(tanh), Some(d)) = (self.f32_gelu(), f32_slice(data)) {
+            return activation::gelu_f32_serial(d, tanh);
+        }
+        with_scalar_fn!(*self, T, each(data))
+    }
+}
+
+/// `data` as f32, when `T` is f32.
+fn f32_slice<T: Float>(data: &mut [T]) -> Option<&mut [f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        // SAFETY: T is f32.
+        .then(|| unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr().cast(), data.len()) })
+}
+
+/// [`f32_slice`] for a shared slice.
+fn f32_slice_ref<T: Float>(data: &[T]) -> Option<&[f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        // SAFETY: T is f32.
+        .then(|| unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), data.len()) })
 }
 
 /// An elementwise activation as a graph operation.

@@ -2,12 +2,14 @@
 
 use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::linear;
+use ai3_kernels::cpu::linear::packed::PackedWeight;
 use ai3_kernels::custom;
 use ai3_kernels::params::LinearParams;
 
 use super::{
     check_weight_dtype, custom_result, kernel_result, single, with_dtype, ActivationKind, Operation,
 };
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
@@ -22,6 +24,10 @@ pub struct Linear {
     request: Request,
     /// Activation fused into the output, applied in place after the GEMM.
     activation: Option<ActivationKind>,
+    /// The f32 weight packed for the AVX-512 kernel, which runs every f32
+    /// call (None for f64 and on CPUs without AVX-512). The weight is kept
+    /// too, for `custom` and shapes.
+    packed: Option<PackedWeight>,
 }
 
 impl Linear {
@@ -48,11 +54,26 @@ impl Linear {
                 ));
             }
         }
+        let packed = match weight.dtype() {
+            DType::F32 => {
+                let b = match &bias {
+                    Some(b) => Some(b.as_slice::<f32>()?),
+                    None => None,
+                };
+                let &[out_f, in_f] = weight.shape() else {
+                    unreachable!("checked above")
+                };
+                PackedWeight::new(weight.as_slice::<f32>()?, b, out_f, in_f)
+                    .map_err(|e| Error::from_kernel(OP.name(), "packing the weight", e))?
+            }
+            _ => None,
+        };
         let layer = Linear {
             weight,
             bias,
             request,
             activation: None,
+            packed,
         };
         layer.algorithm(&layer.params(1))?;
         Ok(layer)
@@ -128,6 +149,18 @@ impl Operation for Linear {
         check_weight_dtype(OP, "input", x, self.weight.dtype())?;
         let p = self.params_for(x.shape())?;
         let algorithm = self.algorithm(&p)?;
+        if let (Some(packed), Algorithm::Gemm) = (&self.packed, algorithm) {
+            if p.in_features > 0 && x.dtype() == DType::F32 {
+                let out = output.as_mut_slice::<f32>()?;
+                // The fused activation runs on each finished block, still in cache.
+                let fused = self
+                    .activation
+                    .map(|a| move |row: &mut [f32]| a.apply_serial::<f32>(row));
+                let fused = fused.as_ref().map(|f| f as linear::packed::Epilogue);
+                linear::packed::linear(&p, x.as_slice::<f32>()?, packed, out, fused);
+                return Ok(());
+            }
+        }
         with_dtype!(x.dtype(), T, {
             let b = match &self.bias {
                 Some(b) => Some(b.as_slice::<T>()?),

@@ -154,10 +154,146 @@ pub fn relu_inplace<T: Float>(data: &mut [T]) {
     map_inplace(data, scalar::relu);
 }
 
+/// GELU on f32 in place, exact (`tanh: false`) or in its tanh form, in
+/// parallel for large inputs: vectorised with AVX-512 where the CPU has it
+/// (the same formulas as [`scalar::gelu`] and [`scalar::gelu_tanh`], with
+/// a vector `exp`), else [`scalar`]'s per element.
+pub fn gelu_f32_inplace(data: &mut [f32], tanh: bool) {
+    if data.len() >= PARALLEL_MIN {
+        data.par_chunks_mut(CHUNK)
+            .for_each(|c| gelu_f32_serial(c, tanh));
+    } else {
+        gelu_f32_serial(data, tanh);
+    }
+}
+
+/// [`gelu_f32_inplace`] on the calling thread (a kernel's epilogue).
+pub fn gelu_f32_serial(data: &mut [f32], tanh: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: avx512f is available.
+        unsafe { vector::gelu(data, tanh) };
+        return;
+    }
+    let f = if tanh {
+        scalar::gelu_tanh::<f32>
+    } else {
+        scalar::gelu::<f32>
+    };
+    data.iter_mut().for_each(|x| *x = f(*x));
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vector {
+    use std::arch::x86_64::*;
+
+    /// `exp(x)` on 16 lanes: `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a
+    /// degree-6 polynomial for `exp(r)` (Cephes' `expf` coefficients) and
+    /// `scalef` for the `2^n`, which gives 0 and infinity past the range.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(
+            _mm512_min_ps(x, _mm512_set1_ps(100.0)),
+            _mm512_set1_ps(-110.0),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let p = _mm512_fmadd_ps(
+            _mm512_mul_ps(p, r),
+            r,
+            _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+        );
+        _mm512_scalef_ps(p, n)
+    }
+
+    /// `0.5 x (1 + erf(x / sqrt 2))` with [`super::scalar::erf`]'s formula,
+    /// or `x * sigmoid(2 k (x + 0.044715 x^3))` (= the tanh form).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn gelu16(x: __m512, tanh: bool) -> __m512 {
+        let one = _mm512_set1_ps(1.0);
+        if tanh {
+            let k = (2.0 / std::f32::consts::PI).sqrt();
+            let x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+            let inner = _mm512_fmadd_ps(_mm512_set1_ps(0.044715), x3, x);
+            let e = exp(_mm512_mul_ps(_mm512_set1_ps(-2.0 * k), inner));
+            return _mm512_div_ps(x, _mm512_add_ps(one, e));
+        }
+        let z = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+        let a = _mm512_abs_ps(z);
+        let t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.327_591_1), a, one));
+        let mut r = _mm512_set1_ps(1.061_405_4);
+        for c in [-1.453_152_1, 1.421_413_8, -0.284_496_73, 0.254_829_6] {
+            r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(c));
+        }
+        let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(z, z)));
+        let y = _mm512_fnmadd_ps(_mm512_mul_ps(r, t), e, one); // erf(|z|)
+                                                               // erf(z) has z's sign: flip y's sign bit where z is negative.
+        let sign = _mm512_and_si512(_mm512_castps_si512(z), _mm512_set1_epi32(i32::MIN));
+        let erf = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(y), sign));
+        _mm512_mul_ps(
+            _mm512_mul_ps(x, _mm512_set1_ps(0.5)),
+            _mm512_add_ps(one, erf),
+        )
+    }
+
+    /// GELU over `data` in place, 16 lanes at a time, the tail masked.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gelu(data: &mut [f32], tanh: bool) {
+        let mut chunks = data.chunks_exact_mut(16);
+        for c in &mut chunks {
+            // SAFETY: c holds 16 values.
+            unsafe {
+                let v = gelu16(_mm512_loadu_ps(c.as_ptr()), tanh);
+                _mm512_storeu_ps(c.as_mut_ptr(), v);
+            }
+        }
+        let rest = chunks.into_remainder();
+        let m = ((1u32 << rest.len()) - 1) as __mmask16;
+        // SAFETY: the mask covers exactly the rest.len() < 16 values.
+        unsafe {
+            let v = gelu16(_mm512_maskz_loadu_ps(m, rest.as_ptr()), tanh);
+            _mm512_mask_storeu_ps(rest.as_mut_ptr(), m, v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::scalar::*;
     use super::*;
+
+    #[test]
+    fn vector_gelu_matches_the_scalar_formulas() {
+        let mut xs: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.003).collect();
+        xs.extend([-100.0, -30.0, 30.0, 100.0, 0.0, -0.0, 1e-30, f32::NAN]);
+        xs.extend([f32::INFINITY, f32::NEG_INFINITY]);
+        for tanh in [false, true] {
+            let mut got = xs.clone();
+            gelu_f32_inplace(&mut got, tanh);
+            for (&x, &g) in xs.iter().zip(&got) {
+                let want = if tanh { gelu_tanh(x) } else { gelu(x) };
+                let ok = (g.is_nan() && want.is_nan())
+                    || g == want
+                    || (g - want).abs() <= 2e-6 * want.abs().max(1.0);
+                assert!(ok, "gelu(tanh={tanh}) of {x}: {g} vs {want}");
+            }
+        }
+    }
 
     #[test]
     fn relu_small_and_nan() {
