@@ -66,6 +66,21 @@ def test_transformers_match_and_follow_batch_and_sequence_length(name, small, sh
         _check(module, model, shape, vocab)
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_eager_attention_code_becomes_attention_nodes(name):
+    """The models' "eager" attention (matmul, scale, mask, softmax, matmul)
+    is rewritten into one attention node per layer."""
+    torch.manual_seed(0)
+    module = MODELS[name](True)
+    module.config._attn_implementation = "eager"
+    vocab = module.config.vocab_size
+    model = ai3.convert(module, example_inputs=torch.randint(0, vocab, (2, 16)))
+    ops = [r["op"] for r in model.summary()]
+    assert ops.count("attention") == 2 and "softmax" not in ops, ops
+    for shape in [(2, 16), (3, 9)]:
+        _check(module, model, shape, vocab)
+
+
 def test_captured_model_pickles_and_keeps_its_structure():
     torch.manual_seed(0)
     module = _gpt2(True)

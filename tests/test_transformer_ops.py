@@ -412,3 +412,82 @@ def test_einsum_with_an_ellipsis_is_captured_with_its_ranks():
 def test_what_einsum_cannot_do_is_named(equation, match):
     with pytest.raises(ai3.UnsupportedOperationError, match=match):
         ai3.convert(Fn(lambda x: torch.einsum(equation, x)))
+
+
+class ExplicitAttention(nn.Module):
+    """Attention written out, as timm-style and Hugging Face "eager" code does."""
+
+    def __init__(self, scaling="mul", mask=None, heads=4):
+        super().__init__()
+        self.qkv, self.heads, self.scaling = nn.Linear(32, 96), heads, scaling
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1)
+        if self.scaling == "mul":
+            scores = scores * 0.3
+        elif self.scaling == "div":
+            scores = scores / 8**0.5
+        if self.mask is not None:
+            scores = self.mask + scores
+        out = F.dropout(scores.softmax(dim=-1), 0.1, self.training) @ v
+        return out.transpose(1, 2).reshape(b, n, c)
+
+
+@pytest.mark.parametrize("algo", ["naive", "flash"])
+@pytest.mark.parametrize(
+    "scaling, mask",
+    [("mul", None), ("div", None), (None, None), ("mul", torch.randn(1, 4, 10, 10)),
+     ("div", torch.randn(10, 10)), (None, torch.randn(4, 1, 10))],
+)  # fmt: skip
+def test_explicit_attention_becomes_one_attention_node(scaling, mask, algo):
+    """Given shapes, ``softmax(q @ kᵀ * s + mask) @ v`` is one attention node,
+    whose algorithm selectors choose; the result still matches PyTorch."""
+    module = ExplicitAttention(scaling, mask).eval()
+    x = torch.randn(2, 10, 32)
+    model = ai3.convert(module, {"attention": algo}, sample_input_shape=(2, 10, 32))
+    rows = model.summary((2, 10, 32))
+    assert [r["op"] for r in rows].count("attention") == 1
+    assert not {"softmax", "matmul"} & {r["op"] for r in rows}
+    assert [r["algorithm"] for r in rows if r["op"] == "attention"] == [algo]
+    assert_close(model(x), module(x), torch.float32)
+    x = torch.randn(2, 10, 32)  # a mask of fixed length: same length, another input
+    assert_close(model(x), module(x), torch.float32)
+
+
+def test_explicit_attention_is_left_alone_where_it_is_not_attention():
+    """Without known shapes, with broadcast batches, a second reader of the
+    scores, or a mask that grows the scores, the steps stay as written (and
+    still match PyTorch)."""
+
+    class Broadcast(nn.Module):
+        def forward(self, q, k):
+            return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ k
+
+    class Reused(nn.Module):
+        def forward(self, q, k, v):
+            s = q @ k.transpose(-2, -1)
+            return torch.softmax(s, dim=-1) @ v + s.sum()
+
+    class Growing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mask", torch.randn(3, 1, 1, 7))
+
+        def forward(self, q, k, v):
+            return torch.softmax(q @ k.transpose(-2, -1) + self.mask, dim=-1) @ v
+
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(1, 3, 7, 8), torch.randn(2, 3, 7, 8)
+    cases = [
+        (ExplicitAttention(), [torch.randn(2, 10, 32)], None),
+        (Broadcast(), [q, k], [list(q.shape), list(k.shape)]),
+        (Reused(), [q, k.expand(2, -1, -1, -1), v], [list(q.shape)] * 3),
+        (Growing(), [q[:1], k, v[:1]], [[1, 3, 5, 8], [1, 3, 7, 8], [1, 3, 7, 8]]),
+    ]
+    for module, inputs, shapes in cases:
+        module = module.eval()
+        model = ai3.convert(module, sample_input_shape=shapes)
+        assert "attention" not in {r["op"] for r in model.summary(shapes or inputs[0].shape)}
+        assert_close(model(*inputs), module(*inputs), torch.float32)

@@ -1,8 +1,11 @@
-"""Convert-time rewrites: BatchNorm folded into the convolution before it, and
+"""Convert-time rewrites: BatchNorm folded into the convolution before it,
 activations fused into the convolution, linear, (unfolded) batch norm or
-elementwise arithmetic node that feeds them.
+elementwise arithmetic node that feeds them, and attention written out as
+``softmax(q @ kᵀ * scale + mask) @ v`` made one ``attention`` node
+(:func:`fuse_attention`, before algorithms are selected, so that selectors
+see it as attention).
 
-Both only fire when the producer's value has no other reader, so the
+Each only fires when the intermediate values have no other reader, so the
 rewritten network computes the same function. The algorithm the user chose
 for the convolution is still the one that runs, and an activation that runs
 the user's C++ (``'custom'``) is never fused away.
@@ -55,6 +58,119 @@ def _producer(lw: Lowerer, steps: list[Step], s: Step, ops: tuple[str, ...]) -> 
     if prod is None or prod.op not in ops or _readers(lw, steps)[src] != 1:
         return None
     return prod
+
+
+def _shape(n: torch.fx.Node) -> list[str] | None:
+    """The node's shape as torch.export (``val``) or shape propagation recorded
+    it, each size as text (symbolic sizes compare by name), or None."""
+    val = n.meta.get("val")
+    shape = val.shape if isinstance(val, torch.Tensor) else None
+    meta = n.meta.get("tensor_meta")
+    if shape is None and meta is not None and hasattr(meta, "shape"):
+        shape = meta.shape
+    return None if shape is None else [str(d) for d in shape]
+
+
+def _is_last_two_swapped(s: Step, rank: int) -> bool:
+    """Whether a ``permute`` step swaps the last two dimensions of a tensor of ``rank``."""
+    p = s.params
+    if "dims" in p:
+        return list(p["dims"]) == [*range(rank - 2), rank - 1, rank - 2]
+    last = {rank - 2, rank - 1}
+    return {d % rank for d in (p.get("dim0", 0), p.get("dim1", 0))} == last
+
+
+def _attention_of(lw: Lowerer, steps: list[Step], mm: Step) -> tuple[Step, list[Step]] | None:
+    """The ``attention`` step computing ``mm`` when ``mm`` is ``softmax(q @ kᵀ
+    [* s | / s] [+ mask], -1) @ v`` with each intermediate read once and q, k,
+    v of one known shape (no broadcasting), with the steps it replaces."""
+    readers = _readers(lw, steps)
+    producer = {s.node: s for s in steps}
+
+    def only(n: Any, op: tuple[str, ...]) -> Step | None:
+        src = lw.canonical(n)
+        s = producer.get(src)
+        return s if s is not None and s.op in op and readers[src] == 1 else None
+
+    if len(mm.inputs) != 2 or mm.params:
+        return None
+    softmax = only(mm.inputs[0], ("softmax",))
+    if softmax is None:
+        return None
+    gone, mask, scale = [softmax], None, 1.0
+    x = only(softmax.inputs[0], ("add", "mul", "div", "matmul"))
+    if x is not None and x.op == "add" and len(x.inputs) == 2 and not x.params:
+        for i in (0, 1):
+            inner = only(x.inputs[i], ("mul", "div", "matmul"))
+            if inner is not None:
+                gone.append(x)
+                mask, x = x.inputs[1 - i], inner
+                break
+        else:
+            return None
+    if x is not None and x.op in ("mul", "div") and len(x.inputs) == 1:
+        p = x.params
+        if "scalar" not in p or "activation" in p or (x.op == "div" and p["scalar_first"]):
+            return None
+        scale = p["scalar"] if x.op == "mul" else 1.0 / p["scalar"]
+        gone.append(x)
+        x = only(x.inputs[0], ("matmul",))
+    if x is None or x.op != "matmul" or len(x.inputs) != 2 or x.params:
+        return None
+    gone.append(x)
+    q, kt, v = x.inputs[0], x.inputs[1], mm.inputs[1]
+    shapes = [_shape(lw.canonical(t)) for t in (q, kt, v)]
+    if any(s is None for s in shapes):
+        return None
+    sq, skt, sv = shapes
+    r = len(sq)
+    transpose = producer.get(lw.canonical(kt))
+    if (
+        r < 2
+        or len(skt) != r
+        or len(sv) != r
+        or transpose is None
+        or transpose.op != "permute"
+        or not _is_last_two_swapped(transpose, r)
+    ):
+        return None
+    k = transpose.inputs[0]
+    sk = _shape(lw.canonical(k))
+    if sk is None or not (sq[:-2] == sk[:-2] == sv[:-2] and sq[-1] == sk[-1] and sk[-2] == sv[-2]):
+        return None
+    if readers[lw.canonical(kt)] == 1:
+        gone.append(transpose)
+    params: dict[str, Any] = {"is_causal": False, "scale": scale, "enable_gqa": False}
+    inputs = [q, k, v]
+    if mask is not None:
+        sm = _shape(lw.canonical(mask))
+        scores = [*sq[:-1], sk[-2]]
+        # The mask must broadcast to the scores without growing them.
+        if (
+            sm is None
+            or len(sm) > r
+            or any(m not in ("1", t) for m, t in zip(sm[::-1], scores[::-1]))
+        ):
+            return None
+        src = lw.resolve(mask)
+        if src.op == "get_attr":
+            params["attn_mask"] = lw.fetch(src.target)
+        else:
+            inputs.append(mask)
+    return Step(mm.node, "attention", inputs, params, mm.module), gone
+
+
+def fuse_attention(lw: Lowerer) -> None:
+    """Rewrites each explicit ``softmax(q @ kᵀ * scale + mask) @ v`` among
+    ``lw.steps`` into one ``attention`` step, in place of its final matmul."""
+    for mm in [s for s in lw.steps if s.op == "matmul"]:
+        found = _attention_of(lw, lw.steps, mm)
+        if found is None:
+            continue
+        attention, gone = found
+        lw.steps[lw.steps.index(mm)] = attention
+        for s in gone:
+            lw.steps.remove(s)
 
 
 def _fold(conv: Step, bn: Step) -> None:

@@ -274,6 +274,7 @@ def convert(
     shapes = input_shapes_of_nodes(
         gm, sample_input_shape, getattr(torch, dtype_name), examples if captured.exported else None
     )
+    _fusion.fuse_attention(lw)
     chosen = _select(lw, selectors, shapes, named)
     algo_of = {id(s): settle_trivial(s.op, chosen[i]) for i, s in enumerate(lw.steps)}
     running = _fusion.apply(lw, algo_of)

@@ -125,11 +125,20 @@ _TO = Sig(
 )
 
 
-def _to(lw: Lowerer, n) -> None:
+#: ``aten.to.dtype(x, dtype, non_blocking, copy, memory_format)``.
+_TO_DTYPE = Sig(
+    "input, dtype, non_blocking, copy, memory_format",
+    non_blocking=False,
+    copy=False,
+    memory_format=None,
+)
+
+
+def _to(lw: Lowerer, n, sig: Sig = _TO) -> None:
     """``aten.to`` / ``aten._to_copy`` that keeps the dtype (a forward's
     ``x.to(self.dtype)``): the identity; a real conversion is unsupported, as
     ai3 computes in one dtype."""
-    b = _TO.bind(n)
+    b = {"device": None, **sig.bind(n)}
     x = b["input"]
     val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
     if b["dtype"] is not None and (val is None or val.dtype != b["dtype"]):
@@ -144,8 +153,10 @@ register(
     functions={
         aten.dropout.default: _aten_dropout,
         aten.clone.default: _clone,
+        aten.contiguous.default: _contiguous,
         aten._assert_tensor_metadata.default: _metadata_check,
         aten.to.dtype_layout: _to,
+        aten.to.dtype: lambda lw, n: _to(lw, n, _TO_DTYPE),
         aten._to_copy.default: _to,
     }
 )
