@@ -149,7 +149,7 @@ def _attention_of(lw: Lowerer, steps: list[Step], mm: Step) -> tuple[Step, list[
         if (
             sm is None
             or len(sm) > r
-            or any(m not in ("1", t) for m, t in zip(sm[::-1], scores[::-1]))
+            or any(m not in ("1", t) for m, t in zip(sm[::-1], scores[::-1], strict=False))
         ):
             return None
         src = lw.resolve(mask)
