@@ -283,16 +283,26 @@ fn naive_attention_workspace(problem: &Problem, dtype: DType) -> usize {
     }
 }
 
-/// Flash attention's blocks, one per thread: independent of the sequence length.
+/// Flash attention's blocks, one per thread, independent of the sequence
+/// length; in f32 with AVX-512 also each running head's packed keys, linear in it.
 fn flash_attention_workspace(problem: &Problem, dtype: DType) -> usize {
     match problem {
-        Problem::Attention(p) => [
-            flash::scratch_len(p),
-            crate::threads::num_threads().max(1),
-            dtype.size(),
-        ]
-        .into_iter()
-        .fold(1, usize::saturating_mul),
+        Problem::Attention(p) => {
+            let blocks = [
+                flash::scratch_len(p),
+                crate::threads::num_threads().max(1),
+                dtype.size(),
+            ]
+            .into_iter()
+            .fold(1, usize::saturating_mul);
+            let keys = match dtype {
+                DType::F32 => flash::packed_keys_len(p)
+                    .saturating_mul(concurrent_heads(p))
+                    .saturating_mul(4),
+                _ => 0,
+            };
+            blocks.saturating_add(keys)
+        }
         _ => 0,
     }
 }

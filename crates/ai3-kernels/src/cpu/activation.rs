@@ -187,38 +187,7 @@ pub fn gelu_f32_serial(data: &mut [f32], tanh: bool) {
 mod vector {
     use std::arch::x86_64::*;
 
-    /// `exp(x)` on 16 lanes: `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a
-    /// degree-6 polynomial for `exp(r)` (Cephes' `expf` coefficients) and
-    /// `scalef` for the `2^n`, which gives 0 and infinity past the range.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn exp(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(
-            _mm512_min_ps(x, _mm512_set1_ps(100.0)),
-            _mm512_set1_ps(-110.0),
-        );
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm512_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-        }
-        let p = _mm512_fmadd_ps(
-            _mm512_mul_ps(p, r),
-            r,
-            _mm512_add_ps(r, _mm512_set1_ps(1.0)),
-        );
-        _mm512_scalef_ps(p, n)
-    }
+    use crate::float::avx512::exp;
 
     /// `0.5 x (1 + erf(x / sqrt 2))` with [`super::scalar::erf`]'s formula,
     /// or `x * sigmoid(2 k (x + 0.044715 x^3))` (= the tanh form).

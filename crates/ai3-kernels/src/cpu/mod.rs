@@ -19,6 +19,8 @@ pub mod reduce;
 pub(crate) mod scratch;
 pub mod shape;
 pub mod shift;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod tile;
 
 #[cfg(test)]
 pub(crate) mod test_util;

@@ -114,16 +114,37 @@ pub(crate) fn finish_scores<T: Float>(
         let keep = (i + 1).saturating_sub(j0);
         scores[keep..].fill(T::neg_infinity());
     }
+    // Selects in 16 interleaved lanes, not f32::max, so the loop vectorises;
+    // a NaN score is skipped here but still makes its row NaN through the
+    // exponentials' sum.
+    let mut lanes = [T::neg_infinity(); 16];
+    let mut chunks = scores.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
     let mut max = T::neg_infinity();
-    // A select, not f32::max, so the loop vectorises; a NaN score is skipped
-    // here but still makes its row NaN through the exponentials' sum.
-    for &x in scores.iter() {
+    for &x in lanes.iter().chain(chunks.remainder()) {
         max = if x > max { x } else { max };
     }
     if max == T::neg_infinity() && scores.iter().any(|x| x.is_nan()) {
         return T::nan(); // only NaNs (and masked keys): the row is NaN, not masked
     }
     max
+}
+
+/// The sum of `xs` in 16 interleaved partial sums, which the compiler
+/// keeps in vector registers (a plain `sum` is one serial chain of adds).
+pub(crate) fn lane_sum<T: Float>(xs: &[T]) -> T {
+    let mut acc = [T::zero(); 16];
+    let mut chunks = xs.chunks_exact(16);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    chunks.remainder().iter().copied().sum::<T>() + acc.iter().copied().sum::<T>()
 }
 
 #[cfg(test)]

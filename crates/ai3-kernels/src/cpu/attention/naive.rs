@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{finish_scores, kv_head, prologue, Mask};
+use super::{finish_scores, kv_head, lane_sum, prologue, Mask};
 use crate::alloc::KernelResult;
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::cpu::scratch::with_scratch;
@@ -59,7 +59,7 @@ pub fn attention<T: Float>(
                 }
                 row.iter_mut().for_each(|x| *x = *x - max);
                 T::exp_in_place(row);
-                let sum: T = row.iter().copied().sum();
+                let sum: T = lane_sum(row);
                 let inv = T::one() / sum;
                 row.iter_mut().for_each(|x| *x *= inv);
             };

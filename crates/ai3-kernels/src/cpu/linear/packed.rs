@@ -3,8 +3,8 @@
 //! so the micro-kernel reads one contiguous row of `NR` weights per step of
 //! the reduction and broadcasts one input value per row against it.
 //!
-//! The micro-kernel holds an `MR x NR` block of the output in registers
-//! (24 of the 32 vector registers). Tasks are blocks of rows times groups of
+//! The micro-kernel ([`crate::cpu::tile`]) holds a `12 x NR` block of the
+//! output in registers (24 of the 32 vector registers). Tasks are blocks of rows times groups of
 //! panels; within a task the reduction runs in blocks of [`KC`], so that one
 //! panel's block stays in L1 while every row block of the task passes over
 //! it, and the rows' block stays in L2 across panels.
@@ -14,12 +14,10 @@ use rayon::prelude::*;
 use crate::alloc::{try_zeroed_vec, KernelResult};
 use crate::params::LinearParams;
 
-/// Output features per panel: two vectors of 16 lanes.
+/// Output features per panel: the columns of one register tile.
 pub const NR: usize = 32;
-/// Rows per micro-kernel call.
-const MR: usize = 12;
-/// Rows per task (a multiple of [`MR`]).
-const MB: usize = 8 * MR;
+/// Rows per task (a multiple of the tile's 12 rows).
+const MB: usize = 96;
 /// Reduction length per pass.
 const KC: usize = 256;
 
@@ -123,10 +121,9 @@ pub fn linear(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use std::arch::x86_64::*;
-
     use super::*;
     use crate::cpu::conv2d::SharedMut;
+    use crate::cpu::tile::{self, Init, Tile, MR};
 
     pub(super) fn run(
         p: &LinearParams,
@@ -188,129 +185,37 @@ mod avx512 {
         while k0 < kf {
             let kc = KC.min(kf - k0);
             for q in q0..q1 {
-                let cols = NR.min(nf - q * NR);
-                let masks = (lane_mask(cols), lane_mask(cols.saturating_sub(16)));
                 // SAFETY (whole block): the panel holds kf * NR values from
                 // q * kf * NR; rows i..i+m of x and out exist.
-                let b = unsafe { w.data.as_ptr().add(q * kf * NR + k0 * NR) };
                 let init = if k0 > 0 {
                     Init::Load
                 } else {
                     match &w.bias {
-                        Some(bias) => Init::Bias(unsafe { bias.as_ptr().add(q * NR) }),
+                        Some(bias) => Init::Row(unsafe { bias.as_ptr().add(q * NR) }),
                         None => Init::Zero,
                     }
+                };
+                let mut t = Tile {
+                    a: unsafe { x.as_ptr().add(r0 * kf + k0) },
+                    lda: kf,
+                    b: unsafe { w.data.as_ptr().add(q * kf * NR + k0 * NR) },
+                    ldb: NR,
+                    kc,
+                    c: unsafe { out.add(r0 * nf + q * NR) },
+                    ldc: nf,
+                    n: NR.min(nf - q * NR),
+                    init,
                 };
                 let mut i = r0;
                 while i < r1 {
                     let m = MR.min(r1 - i);
-                    let a = unsafe { x.as_ptr().add(i * kf + k0) };
-                    let c = unsafe { out.add(i * nf + q * NR) };
-                    let call = Call {
-                        a,
-                        lda: kf,
-                        b,
-                        kc,
-                        c,
-                        ldc: nf,
-                        init,
-                        masks,
-                    };
-                    unsafe {
-                        match m {
-                            12 => micro::<12>(&call),
-                            11 => micro::<11>(&call),
-                            10 => micro::<10>(&call),
-                            9 => micro::<9>(&call),
-                            8 => micro::<8>(&call),
-                            7 => micro::<7>(&call),
-                            6 => micro::<6>(&call),
-                            5 => micro::<5>(&call),
-                            4 => micro::<4>(&call),
-                            3 => micro::<3>(&call),
-                            2 => micro::<2>(&call),
-                            _ => micro::<1>(&call),
-                        }
-                    }
+                    unsafe { tile::run(m, &t) };
+                    t.a = unsafe { t.a.add(m * kf) };
+                    t.c = unsafe { t.c.add(m * nf) };
                     i += m;
                 }
             }
             k0 += kc;
-        }
-    }
-
-    /// The first `n` of 16 lanes.
-    fn lane_mask(n: usize) -> __mmask16 {
-        if n >= 16 {
-            0xFFFF
-        } else {
-            ((1u32 << n) - 1) as __mmask16
-        }
-    }
-
-    /// Where an output block starts from.
-    #[derive(Clone, Copy)]
-    enum Init {
-        Zero,
-        Bias(*const f32),
-        /// The partial sums of earlier reduction blocks, in the output.
-        Load,
-    }
-
-    /// One micro-kernel call: `m` rows of `a` (stride `lda`) over `kc`
-    /// reduction steps of the panel block `b`, into `c` (stride `ldc`).
-    struct Call {
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        kc: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: Init,
-        masks: (__mmask16, __mmask16),
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn micro<const M: usize>(call: &Call) {
-        let (m0, m1) = call.masks;
-        // SAFETY (whole function): the caller hands M rows of kc values of
-        // a, kc rows of NR values of b, and M rows of the output whose lanes
-        // outside the masks are never touched.
-        let mut acc: [[__m512; 2]; M] = unsafe {
-            match call.init {
-                Init::Zero => [[_mm512_setzero_ps(); 2]; M],
-                Init::Bias(bias) => {
-                    let v = [_mm512_loadu_ps(bias), _mm512_loadu_ps(bias.add(16))];
-                    [v; M]
-                }
-                Init::Load => std::array::from_fn(|i| {
-                    let c = call.c.add(i * call.ldc);
-                    [
-                        _mm512_maskz_loadu_ps(m0, c),
-                        _mm512_maskz_loadu_ps(m1, c.add(16)),
-                    ]
-                }),
-            }
-        };
-        let rows: [*const f32; M] = std::array::from_fn(|i| unsafe { call.a.add(i * call.lda) });
-        for k in 0..call.kc {
-            unsafe {
-                let b0 = _mm512_loadu_ps(call.b.add(k * NR));
-                let b1 = _mm512_loadu_ps(call.b.add(k * NR + 16));
-                for i in 0..M {
-                    let a = _mm512_set1_ps(*rows[i].add(k));
-                    acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
-                }
-            }
-        }
-        for (i, v) in acc.iter().enumerate() {
-            unsafe {
-                let c = call.c.add(i * call.ldc);
-                _mm512_mask_storeu_ps(c, m0, v[0]);
-                _mm512_mask_storeu_ps(c.add(16), m1, v[1]);
-            }
         }
     }
 }
