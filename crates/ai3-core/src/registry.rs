@@ -441,7 +441,11 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
         fft_workspace,
         never
     ),
-    row!(Linear, Gemm, "blocked GEMM with the weight read transposed"),
+    row!(
+        Linear,
+        Gemm,
+        "f32 with AVX-512: 12x32 register tiles over the weight packed once; else blocked GEMM"
+    ),
     // cuDNN's forward algorithms and cuBLAS, by the names the reference ai3 uses.
     cuda_row!(Conv2d, ImplicitGemm, "cuDNN implicit GEMM"),
     cuda_row!(
@@ -511,7 +515,7 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(
         Attention,
         Flash,
-        "query and key blocks, online softmax; memory flat in length",
+        "query and key blocks, online softmax; memory linear in length",
         always,
         any_problem,
         flash_attention_workspace,
