@@ -238,6 +238,20 @@ def test_linear_relu_fused_over_leading_dims(dtype):
     check(net, dtype, torch.randn(2, 4, 5))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize(
+    "act",
+    [nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU(), nn.Hardswish(), nn.ReLU6(), nn.Tanh()],
+    ids=["gelu", "gelu-tanh", "silu", "hardswish", "relu6", "tanh"],
+)
+def test_activations_fused_into_linear_over_many_blocks(act, dtype):
+    """Enough rows and features for several of the packed kernel's tasks,
+    each applying the activation to its own finished block."""
+    net = nn.Sequential(nn.Linear(70, 100), act)
+    model = check(net, dtype, torch.randn(3, 100, 70) * 3)
+    assert [r["op"] for r in model.summary((3, 100, 70))] == ["linear"]
+
+
 class LayerNorm2d(nn.LayerNorm):
     """ConvNeXt's channel LayerNorm (fx traces its permutes and F.layer_norm)."""
 

@@ -93,10 +93,41 @@ mod tests {
         out
     }
 
+    /// Calls `check(p, x, w, bias, want, what)` for each case, with and
+    /// without a bias, `want` computed by [`naive`] in f64.
+    #[allow(clippy::type_complexity)]
+    fn each_case(
+        seed: u64,
+        cases: &[(usize, usize, usize)],
+        check: impl Fn(&LinearParams, &[f64], &[f64], Option<&[f64]>, &[f64], &str),
+    ) {
+        let mut rng = Rng::new(seed);
+        for &(rows, in_features, out_features) in cases {
+            let p = LinearParams {
+                rows,
+                in_features,
+                out_features,
+            };
+            let x = rng.vec(rows * in_features);
+            let w = rng.vec(out_features * in_features);
+            let bv = rng.vec(out_features);
+            for b in [None, Some(bv.as_slice())] {
+                let want = naive(&p, &x, &w, b);
+                check(
+                    &p,
+                    &x,
+                    &w,
+                    b,
+                    &want,
+                    &format!("linear {p:?} bias={}", b.is_some()),
+                );
+            }
+        }
+    }
+
     #[test]
     fn linear_matches_naive() {
-        let mut rng = Rng::new(1);
-        for &(rows, in_features, out_features) in &[
+        let cases = [
             (1, 1, 1),
             (1, 7, 3),
             (5, 16, 9),
@@ -107,27 +138,16 @@ mod tests {
             (3, 1030, 13),
             (6, 2100, 9),
             (1, 4097, 70),
-        ] {
-            let p = LinearParams {
-                rows,
-                in_features,
-                out_features,
-            };
-            let x = rng.vec(rows * in_features);
-            let w = rng.vec(out_features * in_features);
-            let bv = rng.vec(out_features);
-            for b in [None, Some(bv.as_slice())] {
-                let want = naive(&p, &x, &w, b);
-                let what = format!("linear {p:?} bias={}", b.is_some());
-                let mut out = vec![f64::NAN; want.len()];
-                gemm(&p, &x, &w, b, &mut out).unwrap();
-                assert_close(&out, &want, 1e-12, &what);
-                let b32 = b.map(cast::<f32>);
-                let mut out32 = vec![f32::NAN; want.len()];
-                gemm(&p, &cast(&x), &cast(&w), b32.as_deref(), &mut out32).unwrap();
-                assert_close(&out32, &want, 1e-5, &what);
-            }
-        }
+        ];
+        each_case(1, &cases, |p, x, w, b, want, what| {
+            let mut out = vec![f64::NAN; want.len()];
+            gemm(p, x, w, b, &mut out).unwrap();
+            assert_close(&out, want, 1e-12, what);
+            let b32 = b.map(cast::<f32>);
+            let mut out32 = vec![f32::NAN; want.len()];
+            gemm(p, &cast(x), &cast(w), b32.as_deref(), &mut out32).unwrap();
+            assert_close(&out32, want, 1e-5, what);
+        });
     }
 
     #[test]
@@ -136,10 +156,9 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512, which the packed kernel needs");
             return;
         }
-        let mut rng = Rng::new(2);
-        // Row tails of every micro-kernel height, column tails inside and
-        // across the two vectors of a panel, several reduction blocks.
-        for &(rows, in_features, out_features) in &[
+        // Row tails of every tile height, column tails inside and across the
+        // two vectors of a panel, several reduction blocks.
+        let cases = [
             (1, 1, 1),
             (4, 7, 3),
             (13, 16, 17),
@@ -149,28 +168,17 @@ mod tests {
             (30, 600, 100),
             (11, 513, 64),
             (300, 96, 288),
-        ] {
-            let p = LinearParams {
-                rows,
-                in_features,
-                out_features,
-            };
-            let x = rng.vec(rows * in_features);
-            let w = rng.vec(out_features * in_features);
-            let bv = rng.vec(out_features);
-            for b in [None, Some(bv.as_slice())] {
-                let want = naive(&p, &x, &w, b);
-                let what = format!("packed linear {p:?} bias={}", b.is_some());
-                let b32 = b.map(cast::<f32>);
-                let packed =
-                    packed::PackedWeight::new(&cast(&w), b32.as_deref(), out_features, in_features)
-                        .unwrap()
-                        .unwrap();
-                let mut out = vec![f32::NAN; want.len()];
-                packed::linear(&p, &cast(&x), &packed, &mut out, None);
-                assert_close(&out, &want, 1e-5, &what);
-            }
-        }
+        ];
+        each_case(2, &cases, |p, x, w, b, want, what| {
+            let (out_f, in_f) = (p.out_features, p.in_features);
+            let b32 = b.map(cast::<f32>);
+            let packed = packed::PackedWeight::new(&cast(w), b32.as_deref(), out_f, in_f)
+                .unwrap()
+                .unwrap();
+            let mut out = vec![f32::NAN; want.len()];
+            packed::linear(p, &cast(x), &packed, &mut out, None);
+            assert_close(&out, want, 1e-5, what);
+        });
     }
 
     #[test]
