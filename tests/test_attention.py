@@ -144,3 +144,27 @@ def test_what_ai3_cannot_honour_is_unsupported():
     q = torch.randn(1, 1, 4, 8)
     with pytest.raises(ai3.DtypeError, match="bool"):  # a boolean mask given as an input
         ai3.convert(MaskInput())(q, q, q, torch.ones(4, 4, dtype=torch.bool))
+
+
+def test_multihead_attention_node_errors_name_the_operation_and_shapes():
+    w = torch.randn(8, 8)
+
+    def node(heads, **extra):
+        core = _core.Model("float32", 3)
+        params = {f"{x}_weight": w for x in ("q", "k", "v", "out")}
+        core.set_outputs(
+            [
+                core.add(
+                    "multihead_attention", "m", [0, 1, 2], {**params, "num_heads": heads, **extra}
+                )
+            ]
+        )
+        return core
+
+    with pytest.raises(
+        ai3.InvalidArgumentError, match="multihead_attention.*num_heads=3 must divide"
+    ):
+        node(3)
+    core = node(2, batch_first=True)
+    with pytest.raises(ai3.ShapeError, match=r"multihead_attention.*\[2, 5, 8\], \[3, 4, 8\]"):
+        core.run([torch.randn(2, 5, 8), torch.randn(3, 4, 8), torch.randn(3, 4, 8)])

@@ -154,15 +154,19 @@ class SelfAttn(Attn):
 @pytest.mark.parametrize("algo", ["naive", "flash", "default"])
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_multihead_self_attention_is_one_attention_node(algo, batch_first, bias):
+def test_multihead_self_attention_is_one_node(algo, batch_first, bias):
+    """One multihead_attention node, whose attention algorithm the
+    ``attention`` selector (or its own) chooses; batched and unbatched."""
     torch.manual_seed(0)
     module = SelfAttn(batch_first=batch_first, bias=bias)
-    model = _same(module, torch.randn(3, 10, 16), algos={"attention": algo})
-    rows = model.summary((3, 10, 16))
-    assert [r["algorithm"] for r in rows if r["op"] == "attention"] != []
-    assert sum(r["op"] == "attention" for r in rows) == 1
-    if algo != "default":
-        assert {r["algorithm"] for r in rows if r["op"] == "attention"} == {algo}
+    for key in ("attention", "multihead_attention"):
+        model = _same(module, torch.randn(3, 10, 16), algos={key: algo})
+        rows = model.summary((3, 10, 16))
+        assert [r["op"] for r in rows] == ["multihead_attention"]
+        if algo != "default":
+            assert rows[0]["algorithm"] == algo
+    x = torch.randn(10, 16)  # unbatched
+    assert_close(model(x), module.eval()(x), torch.float32)
 
 
 @pytest.mark.parametrize("mask", [None, "bool", "float"])
@@ -491,3 +495,32 @@ def test_explicit_attention_is_left_alone_where_it_is_not_attention():
         model = ai3.convert(module, sample_input_shape=shapes)
         assert "attention" not in {r["op"] for r in model.summary(shapes or inputs[0].shape)}
         assert_close(model(*inputs), module(*inputs), torch.float32)
+
+
+class MaskFromInput(nn.Module):
+    def __init__(self, batch_first):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=batch_first)
+
+    def forward(self, x, mask):
+        return self.mha(x, x, x, attn_mask=mask)[0]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_masks_per_head_and_from_inputs(batch_first):
+    """A held 3-D mask (one per batch entry and head) and a float mask given
+    as an input, in both layouts; ViT's blocks are one node each."""
+    torch.manual_seed(2)
+    module = Attn(torch.randn(2 * 4, 10, 7), batch_first=batch_first)
+    q, kv = torch.randn(2, 10, 16), torch.randn(2, 7, 16)
+    if not batch_first:
+        q, kv = q.transpose(0, 1), kv.transpose(0, 1)
+    _same(module, q, kv)
+    x = torch.randn(3, 5, 16) if batch_first else torch.randn(5, 3, 16)
+    _same(MaskFromInput(batch_first), x, torch.randn(5, 5))
+    vit = torchvision.models.VisionTransformer(32, 16, 2, 4, 64, 128, num_classes=10).eval()
+    model = ai3.convert(vit)
+    ops = [r["op"] for r in model.summary((1, 3, 32, 32))]
+    assert ops.count("multihead_attention") == 2 and "attention" not in ops
+    x = torch.randn(2, 3, 32, 32)
+    assert_close(model(x), vit(x), torch.float32)

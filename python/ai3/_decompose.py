@@ -1,9 +1,9 @@
 """Modules traced as the functional code they compute, so that each of their
 steps becomes an ai3 node:
 
-- ``nn.MultiheadAttention``: its input projections, one ``attention`` node
-  (scaled dot-product attention, whose algorithm is selectable) and its
-  output projection;
+- ``nn.MultiheadAttention``: one :func:`multihead_attention` call, which
+  the lowering makes one ``multihead_attention`` node (its projections and
+  scaled dot-product attention, whose algorithm is selectable);
 - torchvision's Swin blocks (``ShiftedWindowAttention``, ``PatchMerging`` and their v2):
   windows cut by reshapes and permutes, the cyclic shift a ``roll``, and the
   attention one ``attention`` node whose mask (the relative position bias
@@ -65,42 +65,75 @@ def _constant_of(t: Any) -> torch.Tensor | None:
     return None
 
 
+def multihead_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    v_weight: torch.Tensor,
+    q_bias: torch.Tensor | None,
+    k_bias: torch.Tensor | None,
+    v_bias: torch.Tensor | None,
+    out_weight: torch.Tensor,
+    out_bias: torch.Tensor | None,
+    num_heads: int,
+    batch_first: bool,
+) -> torch.Tensor:
+    """What ``nn.MultiheadAttention`` computes in eval mode (its output, not
+    the attention weights), with the mask in SDPA's form (True or 0 attends;
+    3-D: ``[batch * heads, q_len, kv_len]``). Traced as one call, which the
+    lowering makes one ``multihead_attention`` node; PyTorch runs it when
+    convert propagates sample shapes."""
+    unbatched = query.dim() == 2
+    if unbatched:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+    elif not batch_first:
+        query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+    b, lq, lk = query.shape[0], query.shape[1], key.shape[1]
+
+    def heads(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+        return F.linear(x, w, bias).view(b, n, num_heads, -1).transpose(1, 2)
+
+    q, k, v = (
+        heads(query, q_weight, q_bias, lq),
+        heads(key, k_weight, k_bias, lk),
+        heads(value, v_weight, v_bias, lk),
+    )
+    if attn_mask is not None and attn_mask.dim() == 3:
+        attn_mask = attn_mask.view(b, num_heads, lq, lk)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    out = F.linear(out.transpose(1, 2).reshape(b, lq, -1), out_weight, out_bias)
+    if unbatched:
+        return out.squeeze(0)
+    return out if batch_first else out.transpose(0, 1)
+
+
+torch.fx.wrap("multihead_attention")
+
+
 def _mha(m: nn.MultiheadAttention, args: tuple, kwargs: dict) -> Any:
-    """``m(query, key, value, ...)`` in functional form: ``(output, None)``
-    (the attention weights are not computed)."""
+    """``m(query, key, value, ...)`` as one :func:`multihead_attention` call:
+    ``(output, None)`` (the attention weights are not computed)."""
     a = _mha_args(m, args, kwargs)
-    query, key, value, mask = a["query"], a["key"], a["value"], a["attn_mask"]
-    if not m.batch_first:
-        q_t = query.transpose(0, 1)
-        k_t = q_t if key is query else key.transpose(0, 1)
-        v_t = k_t if value is key else (q_t if value is query else value.transpose(0, 1))
-        query, key, value = q_t, k_t, v_t
-    heads, dim, embed = m.num_heads, m.head_dim, m.embed_dim
-    batch, q_len, kv_len = query.size(0), query.size(1), key.size(1)
-    w, b = m.in_proj_weight, m.in_proj_bias
-    if query is key and key is value and m._qkv_same_embed_dim:
-        q, k, v = F.linear(query, w, b).chunk(3, dim=-1)
+    # The real tensors (the tracer hands out proxies), sliced once: constants of the graph.
+    real = m._parameters
+    if m._qkv_same_embed_dim:
+        wq, wk, wv = (t.detach() for t in real["in_proj_weight"].chunk(3))
     else:
-        # The real tensors (the tracer hands out proxies), sliced once: constants of the graph.
-        real = m._parameters
-        if m._qkv_same_embed_dim:
-            wq, wk, wv = (t.detach() for t in real["in_proj_weight"].chunk(3))
-        else:
-            wq, wk, wv = (real[f"{x}_proj_weight"] for x in "qkv")
-        bias = real["in_proj_bias"]
-        bq, bk, bv = (None,) * 3 if bias is None else (t.detach() for t in bias.chunk(3))
-        q, k, v = F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
-    q = q.view(batch, q_len, heads, dim).transpose(1, 2)
-    k = k.view(batch, kv_len, heads, dim).transpose(1, 2)
-    v = v.view(batch, kv_len, heads, dim).transpose(1, 2)
+        wq, wk, wv = (real[f"{x}_proj_weight"].detach() for x in "qkv")
+    bias = real["in_proj_bias"]
+    bq, bk, bv = (None,) * 3 if bias is None else (t.detach() for t in bias.chunk(3))
+    mask = a["attn_mask"]
     held = _constant_of(mask)
     if held is not None and held.dtype == torch.bool:
         mask = ~held  # MultiheadAttention's True masks out; SDPA's True attends
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    out = out.transpose(1, 2).reshape(batch, q_len, embed)
-    out = F.linear(out, m.out_proj.weight, m.out_proj.bias)
-    if not m.batch_first:
-        out = out.transpose(0, 1)
+    out_w, out_b = m.out_proj._parameters["weight"], m.out_proj._parameters["bias"]
+    out = multihead_attention(
+        a["query"], a["key"], a["value"], mask, wq, wk, wv, bq, bk, bv,
+        out_w.detach(), None if out_b is None else out_b.detach(), m.num_heads, m.batch_first,
+    )  # fmt: skip
     return out, None
 
 

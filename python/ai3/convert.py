@@ -47,6 +47,11 @@ def _resolve_dtype(module: nn.Module, dtype: Any) -> str:
     return _DTYPES[dtype]
 
 
+#: Operations chosen for by another operation's selector: a multi-head
+#: attention node runs the attention algorithm ``{"attention": ...}`` names.
+_SELECTED_AS = {"multihead_attention": "attention"}
+
+
 def _select(
     lw: Lowerer,
     selectors: dict[str, Any],
@@ -64,6 +69,12 @@ def _select(
     def kept(s: Step) -> bool:
         return swap.is_swapped(s.module) and s.op not in named
 
+    def selected_as(s: Step) -> str:
+        """The operation whose selector chooses for ``s``: ``attention``'s for
+        ``multihead_attention`` nodes, unless the user named that operation."""
+        alias = _SELECTED_AS.get(s.op)
+        return alias if alias is not None and s.op not in named else s.op
+
     counts: dict[str, int] = {}
     seen: set[str] = set()
     for s in lw.steps:
@@ -73,7 +84,7 @@ def _select(
             if s.node.target in seen:
                 continue
             seen.add(s.node.target)
-        counts[s.op] = counts.get(s.op, 0) + 1
+        counts[selected_as(s)] = counts.get(selected_as(s), 0) + 1
     selections = {
         op: Selection(op, selectors[op], n, shapes is not None, allow_torch=False)
         for op, n in counts.items()
@@ -88,7 +99,7 @@ def _select(
         if key in by_module:
             chosen[i] = by_module[key]
             continue
-        algo = selections[s.op].next(s.module, shapes.get(s.node) if shapes else None)
+        algo = selections[selected_as(s)].next(s.module, shapes.get(s.node) if shapes else None)
         chosen[i] = algo
         if key is not None:
             by_module[key] = algo

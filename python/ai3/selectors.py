@@ -29,12 +29,14 @@ AlgorithmicSelector = str | Auto | Sequence[str | Auto] | Callable[..., str | Au
 
 
 def op_name(op: Any) -> str:
-    """Normalizes an operation given as a name (``'conv2d'``, ``'Conv2d'``) or a module type."""
+    """Normalizes an operation given as a name (``'conv2d'``, ``'Conv2d'``,
+    ``'MultiheadAttention'``: case and underscores do not matter) or a module type."""
     from ._layers import MODULE_TYPES
 
     if isinstance(op, str):
-        name = op.lower().replace("_", "")
-        if name in OPERATIONS:
+        squashed = {o.replace("_", ""): o for o in OPERATIONS}
+        name = squashed.get(op.lower().replace("_", ""))
+        if name is not None:
             return name
     elif isinstance(op, type):
         for name, types in MODULE_TYPES.items():

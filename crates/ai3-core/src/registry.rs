@@ -529,6 +529,23 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
         any_problem,
         naive_attention_workspace
     ),
+    row!(
+        MultiheadAttention,
+        Flash,
+        "projections, then flash attention over the split heads",
+        always,
+        any_problem,
+        flash_attention_workspace,
+        flash_preferred
+    ),
+    row!(
+        MultiheadAttention,
+        Naive,
+        "projections, then naive attention over the split heads",
+        always,
+        any_problem,
+        naive_attention_workspace
+    ),
 ];
 
 /// The registry rows of one operation on one device kind.

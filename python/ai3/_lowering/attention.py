@@ -8,7 +8,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .calls import Sig, Unsupported, as_bool, as_float
+from .._decompose import multihead_attention
+from .calls import Sig, Unsupported, as_bool, as_float, as_int
 from .lowerer import Lowerer
 from .registry import register
 
@@ -63,8 +64,44 @@ def _sdpa(lw: Lowerer, n) -> None:
     )  # fmt: skip
 
 
+_MHA = Sig(
+    "query, key, value, attn_mask, q_weight, k_weight, v_weight, q_bias, k_bias, v_bias, "
+    "out_weight, out_bias, num_heads, batch_first"
+)
+
+
+def _multihead(lw: Lowerer, n) -> None:
+    """One ``multihead_attention`` node for ``nn.MultiheadAttention`` (see
+    :func:`ai3._decompose.multihead_attention`): the weights held, the mask
+    held (converted once) or read as a fourth input."""
+    b = _MHA.bind(n)
+    heads = as_int("num_heads", b["num_heads"])
+    params: dict[str, Any] = {
+        "num_heads": heads,
+        "batch_first": as_bool("batch_first", b["batch_first"]),
+    }
+    for name in ("q", "k", "v", "out"):
+        params[f"{name}_weight"] = lw.const_tensor(b[f"{name}_weight"])
+        params[f"{name}_bias"] = lw.const_tensor(b[f"{name}_bias"])
+    inputs = [b["query"], b["key"], b["value"]]
+    mask = b["attn_mask"]
+    if mask is not None:
+        if not lw.is_value(mask):
+            raise Unsupported(f"attn_mask={mask!r} (expected a tensor)")
+        src = lw.resolve(mask)
+        if src.op == "get_attr":
+            held = additive_mask(lw.fetch(src.target))
+            if held.dim() == 3:  # [batch * heads, q_len, kv_len]
+                held = held.view(-1, heads, *held.shape[1:])
+            params["attn_mask"] = held
+        else:
+            inputs.append(mask)
+    lw.step(n, "multihead_attention", inputs, params)
+
+
 register(
     functions={
+        multihead_attention: _multihead,
         F.scaled_dot_product_attention: _sdpa,
         torch.ops.aten.scaled_dot_product_attention.default: _sdpa,
     }

@@ -26,6 +26,7 @@ VALUE_PARAMS = frozenset(
     {"input", "other", "tensor", "tensors", "weight", "bias", "running_mean", "running_var"}
     | {"a", "b", "obj", "shape", "size", "query", "key", "value", "attn_mask", "condition", "mat2"}
     | {"indices", "mat1"}
+    | {f"{x}_{w}" for x in ("q", "k", "v", "out") for w in ("weight", "bias")}
 )
 
 

@@ -85,6 +85,16 @@ impl Linear {
         self
     }
 
+    /// Features of each input row.
+    pub fn in_features(&self) -> usize {
+        self.weight.shape()[1]
+    }
+
+    /// Features of each output row.
+    pub fn out_features(&self) -> usize {
+        self.weight.shape()[0]
+    }
+
     /// The fused activation, if any.
     pub fn activation(&self) -> Option<ActivationKind> {
         self.activation

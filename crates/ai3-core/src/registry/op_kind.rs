@@ -113,6 +113,8 @@ op_kinds! {
     Sum = "sum" => ops::reduce::SUM,
     /// Removing dimensions of size 1.
     Squeeze = "squeeze" => ops::view::SQUEEZE,
+    /// `nn.MultiheadAttention`: projections, attention, output projection.
+    MultiheadAttention = "multihead_attention" => ops::mha::SPEC,
 }
 
 impl OpKind {
