@@ -16,6 +16,7 @@ import pickle
 import subprocess
 import sys
 import warnings
+from typing import Any
 
 import ai3
 import pytest
@@ -48,6 +49,13 @@ def conv() -> nn.Module:
 
 def decided(model: ai3.Model) -> dict[str, str]:
     return {d.name: d.algorithm for d in model.plan().layers}
+
+
+def measured(model: ai3.Model) -> dict[str, Any]:
+    """What each layer's timing found. Two models deciding from one cache
+    share it; their final choices may still differ, since the network check
+    that can undo a layer's choice is timed again for each model."""
+    return {d.name: d.measurements for d in model.plan().layers}
 
 
 def usable(measurements: dict) -> list[str]:
@@ -232,7 +240,7 @@ def test_without_a_sample_shape_auto_decides_at_the_first_call():
     assert_close(model(x), m(x))
     assert model.plan().input_shapes == [[2, 16, 12, 12]]
     assert_close(clone(x), m(x))
-    assert decided(clone) == decided(model)  # the same measurements, from the cache
+    assert measured(clone) == measured(model)  # the same measurements, from the cache
     # The decision stays for other shapes.
     before = decided(model)
     y = torch.randn(1, 16, 12, 12)
@@ -256,7 +264,7 @@ def test_the_second_convert_times_nothing(tmp_path, monkeypatch):
     second = ai3.convert(m, {"conv2d": "auto"}, SHAPE)
     assert STATS["layers_timed"] == timed
     assert STATS["cache_hits"] == hits + 2
-    assert decided(second) == decided(first)
+    assert measured(second) == measured(first)
     assert len(list(tmp_path.rglob("*.json"))) == 2
     # Another thread count is another machine description: measured again.
     with_threads = ai3.get_num_threads()
@@ -411,12 +419,14 @@ def test_explore_reports_every_algorithm_next_to_pytorch(tmp_path):
     m = net()
     report = ai3.explore(m, SHAPE, progress=False, repeat=3)
     assert [layer.name for layer in report.layers] == ["0", "2", "4"]  # linear timed too
+    defaults = {r["name"]: r["algorithm"] for r in ai3.convert(m, None, SHAPE).summary()}
     for layer in report.layers:
         assert layer.torch_ms is not None and layer.torch_ms > 0
         by = {a.algorithm: a for a in layer.algorithms}
         chosen = by[layer.chosen]
         timed = [a for a in layer.algorithms if a.ms is not None]
-        assert chosen.ms == min(a.ms for a in timed)
+        # The fastest, unless the network check (timed too) put 'default''s back.
+        assert chosen.ms == min(a.ms for a in timed) or layer.chosen == defaults[layer.name]
         for a in timed:
             assert a.gflops > 0 and a.error is not None and a.workspace_bytes >= 0
         for a in layer.algorithms:

@@ -444,7 +444,7 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(
         Linear,
         Gemm,
-        "f32 with AVX-512: 12x32 register tiles over the weight packed once; else blocked GEMM"
+        "f32, AVX-512: 12x32 tiles, weight packed once; else blocked GEMM"
     ),
     // cuDNN's forward algorithms and cuBLAS, by the names the reference ai3 uses.
     cuda_row!(Conv2d, ImplicitGemm, "cuDNN implicit GEMM"),
