@@ -518,6 +518,7 @@ def test_multihead_attention_masks_per_head_and_from_inputs(batch_first):
     _same(module, q, kv)
     x = torch.randn(3, 5, 16) if batch_first else torch.randn(5, 3, 16)
     _same(MaskFromInput(batch_first), x, torch.randn(5, 5))
+    _same(MaskFromInput(batch_first), x, torch.randn(3 * 4, 5, 5))  # per batch entry and head
     vit = torchvision.models.VisionTransformer(32, 16, 2, 4, 64, 128, num_classes=10).eval()
     model = ai3.convert(vit)
     ops = [r["op"] for r in model.summary((1, 3, 32, 32))]

@@ -91,6 +91,18 @@ impl MultiheadAttention {
             .map_err(|e| self.error(inputs, &e.to_string()))
     }
 
+    /// A mask input's shape as the attention reads it: a 3-D one of
+    /// `batch * heads` rows split into `[batch, heads, ...]`, as
+    /// `nn.MultiheadAttention` reads it; others broadcast as they are.
+    fn mask_shape(&self, d: Dims, m: &[usize]) -> Vec<usize> {
+        match *m {
+            [bh, l, s] if d.batched && bh == d.batch * self.heads => {
+                vec![d.batch, self.heads, l, s]
+            }
+            _ => m.to_vec(),
+        }
+    }
+
     fn head_shapes(&self, d: Dims, q_dim: usize, v_dim: usize) -> [Vec<usize>; 3] {
         let h = self.heads;
         [
@@ -216,8 +228,15 @@ impl Operation for MultiheadAttention {
             split(&mut q, &mut qh, d.q_len, qe)?;
             split(&mut k, &mut kh, d.kv_len, qe)?;
             split(&mut v, &mut vh, d.kv_len, ve)?;
+            // A 3-D mask is per batch entry and head: [batch * heads, q_len, kv_len].
+            let split_mask = match inputs.get(3) {
+                Some(m) if self.mask_shape(d, m.shape()) != m.shape() => {
+                    Some(m.to_contiguous()?.reshape(&self.mask_shape(d, m.shape()))?)
+                }
+                _ => None,
+            };
             let mut att: Vec<&Tensor> = vec![&qh, &kh, &vh];
-            att.extend(inputs.get(3).copied());
+            att.extend(split_mask.as_ref().or(inputs.get(3).copied()));
             self.attention.forward(&att, &mut oh)?;
             let mut merged_shape = inputs[0].shape().to_vec();
             if let Some(last) = merged_shape.last_mut() {
@@ -249,7 +268,7 @@ impl MultiheadAttention {
             .last()
             .unwrap_or(&0);
         let mut shapes = self.head_shapes(d, qe, ve).to_vec();
-        shapes.extend(inputs.get(3).map(|m| m.to_vec()));
+        shapes.extend(inputs.get(3).map(|m| self.mask_shape(d, m)));
         let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
         self.attention.output_shape(&refs)?;
         Ok(shapes)
