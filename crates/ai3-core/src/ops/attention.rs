@@ -287,10 +287,7 @@ pub const SPEC: OpSpec = OpSpec {
             return Err(both_masks());
         }
         if mask.is_some() && a.num_inputs == 4 {
-            return Err(Error::invalid(
-                OP.name(),
-                "give the mask as attn_mask or as a fourth input, not both",
-            ));
+            return Err(mask_twice(OP));
         }
         let op = Attention::with_mask(
             mask,
@@ -302,6 +299,14 @@ pub const SPEC: OpSpec = OpSpec {
         Ok(Box::new(op))
     },
 };
+
+/// The error for a mask given both as `attn_mask` and as an input, naming `op`.
+pub(super) fn mask_twice(op: OpKind) -> Error {
+    Error::invalid(
+        op.name(),
+        "give the mask as attn_mask or as a fourth input, not both",
+    )
+}
 
 fn both_masks() -> Error {
     Error::invalid(

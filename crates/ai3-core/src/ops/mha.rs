@@ -135,20 +135,21 @@ fn move_heads<T: Copy + Send + Sync>(
         }
     };
     if merge {
+        // Each output row is one (batch entry, position): its heads side by side.
         let src: &[T] = heads_buf;
-        let shared = &SharedPtr(rows.as_mut_ptr());
-        (0..batch * len).into_par_iter().for_each(|i| {
-            let (b, t) = (i / len, i % len);
-            let dst = shared.0;
-            for h in 0..heads {
-                let from = &src[((b * heads + h) * len + t) * dh..][..dh];
-                // SAFETY: each (b, t) is one distinct row of `rows`, in bounds.
-                unsafe {
-                    let to = dst.add(row_of(b, t) * e + h * dh);
-                    std::ptr::copy_nonoverlapping(from.as_ptr(), to, dh);
+        rows.par_chunks_mut(e.max(1))
+            .enumerate()
+            .take(batch * len)
+            .for_each(|(i, row)| {
+                let (b, t) = if batch_first {
+                    (i / len, i % len)
+                } else {
+                    (i % batch, i / batch)
+                };
+                for (h, to) in row.chunks_exact_mut(dh.max(1)).enumerate().take(heads) {
+                    to.copy_from_slice(&src[((b * heads + h) * len + t) * dh..][..dh]);
                 }
-            }
-        });
+            });
     } else {
         let src: &[T] = rows;
         heads_buf
@@ -162,13 +163,6 @@ fn move_heads<T: Copy + Send + Sync>(
             });
     }
 }
-
-/// A pointer handed to parallel tasks that write disjoint rows.
-struct SharedPtr<T>(*mut T);
-// SAFETY: only used for disjoint writes from parallel tasks.
-unsafe impl<T: Send> Send for SharedPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Sync for SharedPtr<T> {}
 
 impl Operation for MultiheadAttention {
     fn kind(&self) -> OpKind {
@@ -331,10 +325,7 @@ pub const SPEC: OpSpec = OpSpec {
         }
         let mask = a.tensor("attn_mask")?;
         if mask.is_some() && a.num_inputs == 4 {
-            return Err(Error::invalid(
-                OP.name(),
-                "give the mask as attn_mask or as a fourth input, not both",
-            ));
+            return Err(super::attention::mask_twice(OP));
         }
         let attention = Attention::with_mask(mask, None, false, false, request)?;
         Ok(Box::new(MultiheadAttention {
