@@ -35,7 +35,7 @@ pub trait Float:
 impl Float for f32 {
     fn exp_in_place(xs: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if crate::isa::avx512() {
             // SAFETY: avx512f is available.
             unsafe { avx512::exp_in_place(xs) };
             return;
@@ -161,7 +161,8 @@ mod tests {
             } else if want > f32::MAX as f64 {
                 g == f32::INFINITY
             } else {
-                ((g as f64) - want).abs() <= 4e-7 * want + 1e-38
+                // Near the bottom of the normal range the portable path flushes to 0.
+                ((g as f64) - want).abs() <= 4e-7 * want + 4.0 * f32::MIN_POSITIVE as f64
             };
             assert!(ok, "exp({x}) = {g}, want {want}");
         }

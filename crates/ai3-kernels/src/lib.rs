@@ -16,6 +16,7 @@ pub mod alloc;
 pub mod cpu;
 pub mod custom;
 pub mod float;
+pub mod isa;
 pub mod params;
 
 pub use alloc::{KernelError, KernelResult};

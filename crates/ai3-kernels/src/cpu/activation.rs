@@ -170,7 +170,7 @@ pub fn gelu_f32_inplace(data: &mut [f32], tanh: bool) {
 /// [`gelu_f32_inplace`] on the calling thread (a kernel's epilogue).
 pub fn gelu_f32_serial(data: &mut [f32], tanh: bool) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if crate::isa::avx512() {
         // SAFETY: avx512f is available.
         unsafe { vector::gelu(data, tanh) };
         return;

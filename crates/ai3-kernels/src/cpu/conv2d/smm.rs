@@ -208,7 +208,7 @@ fn run<T: Float>(
 /// `portable` forces the plain Rust kernels (for tests).
 fn select<T: Float>(force_portable: bool) -> [PassFn<T>; MAX_FUSED] {
     #[cfg(target_arch = "x86_64")]
-    if !force_portable && std::arch::is_x86_feature_detected!("avx512f") {
+    if !force_portable && crate::isa::avx512() {
         if TypeId::of::<T>() == TypeId::of::<f32>() {
             let f: [PassFn<f32>; MAX_FUSED] = [
                 avx512::pass_f32::<1>,

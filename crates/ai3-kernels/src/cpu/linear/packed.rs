@@ -79,7 +79,7 @@ impl PackedWeight {
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
+        crate::isa::avx512()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

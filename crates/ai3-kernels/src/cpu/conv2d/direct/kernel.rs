@@ -61,7 +61,7 @@ pub(super) fn vector_len<T: 'static>() -> usize {
 /// `force_portable` picks the plain Rust kernel whatever the CPU (for tests).
 pub(super) fn select<T: Float>(mr: usize, nv: usize, force_portable: bool) -> TileFn<T> {
     #[cfg(target_arch = "x86_64")]
-    if !force_portable && std::arch::is_x86_feature_detected!("avx512f") {
+    if !force_portable && crate::isa::avx512() {
         if TypeId::of::<T>() == TypeId::of::<f32>() {
             let f: TileFn<f32> = match (mr, nv) {
                 (8, _) => avx512::tile_f32::<8, 3>,

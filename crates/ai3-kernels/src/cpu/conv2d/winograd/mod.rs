@@ -347,46 +347,7 @@ unsafe fn block<T: Float>(
     })
 }
 
-/// Declares `$name`, which runs `$imp` compiled for AVX-512 or AVX2 when the
-/// CPU has them (detected at run time) and for the baseline otherwise, so the
-/// transform loops vectorise at the widest width available.
-macro_rules! multiversion {
-    ($(#[$doc:meta])* unsafe fn $name:ident<T>($($arg:ident: $ty:ty),* $(,)?) => $imp:ident) => {
-        $(#[$doc])*
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn $name<T: Float>($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn avx512<T: Float>($($arg: $ty),*) {
-                    // SAFETY: forwarded.
-                    unsafe { $imp($($arg),*) }
-                }
-                #[target_feature(enable = "avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn avx2<T: Float>($($arg: $ty),*) {
-                    // SAFETY: forwarded.
-                    unsafe { $imp($($arg),*) }
-                }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-                {
-                    // SAFETY: the features were detected; the rest is forwarded.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: as above.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            // SAFETY: forwarded.
-            unsafe { $imp($($arg),*) }
-        }
-    };
-}
+use crate::isa::multiversion;
 
 multiversion! {
     /// Writes `Bᵀ d B` of the block's tiles into `v` (`[16, icg, tiles]`).
