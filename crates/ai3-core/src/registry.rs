@@ -10,7 +10,7 @@
 use std::fmt;
 
 use ai3_kernels::cpu::attention::flash;
-use ai3_kernels::cpu::conv2d::{fft, padded_copy_elements, winograd};
+use ai3_kernels::cpu::conv2d::{depthwise, fft, padded_copy_elements, winograd};
 use ai3_kernels::custom::{self, CustomOp};
 use ai3_kernels::params::{AttentionParams, Conv2dParams, LinearParams};
 
@@ -163,8 +163,9 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// costs as much to build as to multiply; direct convolution's register tiles
 /// read the input in place and measured 1.3-1.8x faster than im2col + GEMM on
 /// the 3-channel input layers of resnet50, alexnet and squeezenet (batch 1 and
-/// 10) and on stride-1 depthwise layers. Strided depthwise layers are the
-/// exception: there GEMM measured 2x faster at batch 10. Direct also takes
+/// 10) and on stride-1 depthwise layers. Depthwise layers of any stride up
+/// to 4 run on direct's dedicated depthwise path; grouped layers with a few
+/// channels per group and a stride go to GEMM, which measured 2x faster. Direct also takes
 /// the 3x3 stride-1 layers too thin for Winograd (see `winograd_preferred`),
 /// where it measured as fast as GEMM or faster.
 ///
@@ -174,7 +175,7 @@ fn winograd_preferred(problem: &Problem) -> bool {
 fn direct_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p)
         if ((p.in_channels_per_group() < FEW_INPUT_CHANNELS
-            && (p.groups == 1 || p.stride == (1, 1)))
+            && (p.groups == 1 || p.stride == (1, 1) || depthwise::applies(p)))
             || (winograd::check(p).is_ok() && !winograd_preferred(problem)))
             && padded_copy_is_small(p))
 }
@@ -759,19 +760,21 @@ mod tests {
     }
 
     #[test]
-    fn default_leaves_depthwise_to_direct_unless_strided() {
-        let depthwise = |stride: usize| match conv(3, stride) {
+    fn default_leaves_depthwise_to_direct_and_strided_groups_to_gemm() {
+        let grouped = |stride: usize, groups: usize| match conv(3, stride) {
             Problem::Conv2d(p) => Problem::Conv2d(Conv2dParams {
                 in_channels: 32,
                 out_channels: 32,
-                groups: 32,
+                groups,
                 ..p
             }),
             other => other,
         };
         let pick = |p: Problem| resolve(OpKind::Conv2d, Request::Default, DeviceKind::Cpu, &p);
-        assert_eq!(pick(depthwise(1)).unwrap(), Algorithm::Direct);
-        assert_eq!(pick(depthwise(2)).unwrap(), Algorithm::Gemm);
+        assert_eq!(pick(grouped(1, 32)).unwrap(), Algorithm::Direct);
+        assert_eq!(pick(grouped(2, 32)).unwrap(), Algorithm::Direct);
+        // Two channels per group is not depthwise: strided, it goes to GEMM.
+        assert_eq!(pick(grouped(2, 16)).unwrap(), Algorithm::Gemm);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use std::sync::OnceLock;
 
 use ai3_kernels::alloc::checked_sum;
-use ai3_kernels::cpu::conv2d::{direct, fft, gemm, smm, winograd};
+use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, smm, winograd};
 use ai3_kernels::cpu::pad::pad2d;
 pub use ai3_kernels::cpu::pad::PadMode;
 use ai3_kernels::custom;
@@ -298,14 +298,15 @@ impl Conv2d {
     }
 
     /// Runs the kernel of the algorithm `p` resolves to; `shape` is the
-    /// layer's input shape, for messages.
+    /// layer's input shape, for messages. Returns whether the kernel applied
+    /// the fused activation itself (else the caller applies it).
     fn run<T: crate::dtype::Element>(
         &self,
         p: &Conv2dParams,
         shape: &[usize],
         x: &[T],
         out: &mut [T],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let w = self.weight.as_slice::<T>()?;
         let b = match &self.bias {
             Some(b) => Some(b.as_slice::<T>()?),
@@ -313,7 +314,18 @@ impl Conv2d {
         };
         let algorithm = self.algorithm(p)?;
         let context = || format!("{}, algorithm '{algorithm}'", self.context(shape));
+        let activation = self.activation;
+        let epilogue = |s: &mut [T]| {
+            if let Some(a) = activation {
+                a.apply_serial(s)
+            }
+        };
+        let mut fused = false;
         let done = match algorithm {
+            Algorithm::Direct if depthwise::applies(p) => {
+                fused = true;
+                depthwise::conv2d(p, x, w, b, out, Some(&epilogue))
+            }
             Algorithm::Direct => {
                 let len = kernel_result(OP, direct::packed_len(p), context)?;
                 let packed = prepared(&self.direct_packed, len, context, |d| {
@@ -333,7 +345,7 @@ impl Conv2d {
             }
             Algorithm::Custom => {
                 let shape = [p.batch, p.in_channels, p.in_h, p.in_w];
-                return custom_result(OP, &shape, custom::conv2d(p, x, w, b, out));
+                return custom_result(OP, &shape, custom::conv2d(p, x, w, b, out)).map(|_| false);
             }
             // `algorithm()` resolved for the CPU, which has no row for these.
             gpu_only @ (Algorithm::ImplicitGemm
@@ -354,7 +366,8 @@ impl Conv2d {
                 ))
             }
         };
-        kernel_result(OP, done, context)
+        kernel_result(OP, done, context)?;
+        Ok(fused)
     }
 }
 
@@ -432,8 +445,8 @@ impl Operation for Conv2d {
         let (p, _) = self.params_for(x.shape())?;
         let shape = x.shape();
         with_dtype!(x.dtype(), T, {
-            if self.padding_mode == PadMode::Zeros {
-                self.run::<T>(&p, shape, x.as_slice()?, output.as_mut_slice()?)?;
+            let fused = if self.padding_mode == PadMode::Zeros {
+                self.run::<T>(&p, shape, x.as_slice()?, output.as_mut_slice()?)?
             } else {
                 let (_, c, h, w, _) = image_dims(OP, shape)?;
                 let mut padded =
@@ -456,9 +469,9 @@ impl Operation for Conv2d {
                     padded.as_mut_slice()?,
                 );
                 kernel_result(OP, filled, || self.context(shape))?;
-                self.run::<T>(&p, shape, padded.as_slice()?, output.as_mut_slice()?)?;
-            }
-            if let Some(a) = self.activation {
+                self.run::<T>(&p, shape, padded.as_slice()?, output.as_mut_slice()?)?
+            };
+            if let (Some(a), false) = (self.activation, fused) {
                 a.apply_inplace::<T>(output.as_mut_slice()?);
             }
         });

@@ -7,6 +7,7 @@
 //! [`Conv2dParams::output_len`](crate::params::Conv2dParams::output_len)
 //! elements that is fully overwritten.
 
+pub mod depthwise;
 pub mod direct;
 pub mod fft;
 pub mod gemm;

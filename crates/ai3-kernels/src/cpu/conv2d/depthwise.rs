@@ -1,0 +1,335 @@
+//! Depthwise convolution (one input channel per group, any channel
+//! multiplier), the direct algorithm's path for MobileNet- and
+//! EfficientNet-style layers.
+//!
+//! Each output plane is computed on its own. The input plane it reads is
+//! copied once, zero-padded, into a per-thread buffer split by phase in both
+//! dimensions (padded pixel `(r, c)` goes to sub-plane `(r % stride_h,
+//! c % stride_w)` at `(r / stride_h, c / stride_w)`), so that for any stride
+//! and dilation each kernel tap reads the sub-plane of one phase at a fixed
+//! offset. The output is then computed as one flat run over the sub-plane's
+//! width (`out_h` rows of `ceil(padded_w / stride_w)` columns; the columns
+//! past `out_w` are computed and dropped), in chunks of [`CHUNK`] values held
+//! in registers across all taps, starting from the bias. Small planes (7x7,
+//! 14x14) thus still fill whole vectors. The valid columns are copied out and
+//! the fused epilogue (an activation) runs on the finished plane while it is
+//! still in cache. The multiplier's output planes of one input channel share
+//! its copy.
+//!
+//! The loops are plain Rust compiled once per [ISA level](crate::isa), so they
+//! run on 16 (AVX-512), 8 (AVX2) or the baseline's lanes.
+
+use rayon::prelude::*;
+
+use super::threads_for;
+use crate::alloc::{check_len, KernelResult};
+use crate::cpu::scratch::with_scratch;
+use crate::isa::multiversion;
+use crate::params::Conv2dParams;
+use crate::Float;
+
+/// Output columns accumulated in registers at once.
+const CHUNK: usize = 32;
+
+/// Output planes per parallel task, at least: enough to amortise a task.
+const MIN_TASK_ELEMENTS: usize = 4096;
+
+/// Largest column stride this path takes: its copy of a plane grows with the
+/// stride (a phase row per stride step), so larger ones go to the generic kernel.
+const MAX_STRIDE_W: usize = 4;
+
+/// Whether this path takes `p`: depthwise (one input channel per group, any
+/// multiplier of output channels per group), column stride at most 4.
+pub fn applies(p: &Conv2dParams) -> bool {
+    p.in_channels_per_group() == 1 && p.groups > 1 && p.stride.1 <= MAX_STRIDE_W
+}
+
+/// A function applied in place to each finished output plane (a fused
+/// activation); it must work on any slice.
+pub type Epilogue<'a, T> = &'a (dyn Fn(&mut [T]) + Sync);
+
+/// Geometry of the padded, phase-split copy of one input plane and of the
+/// flat output run.
+struct Layout {
+    /// Rows and columns of one sub-plane.
+    sub_h: usize,
+    sub_w: usize,
+    /// Elements of the copy (sub-planes plus the slack the last chunk reads).
+    copy_len: usize,
+    /// Elements of the flat output run, a multiple of [`CHUNK`].
+    flat_len: usize,
+    /// Offset in the copy of each tap's first read, in `(ky, kx)` order.
+    taps: Vec<usize>,
+}
+
+impl Layout {
+    fn new(p: &Conv2dParams) -> Self {
+        let (sh, sw) = p.stride;
+        let (sub_h, sub_w) = (p.padded_h().div_ceil(sh), p.padded_w().div_ceil(sw));
+        let sub_len = sub_h * sub_w;
+        let mut taps = Vec::with_capacity(p.kernel_h * p.kernel_w);
+        for ky in 0..p.kernel_h {
+            let r = ky * p.dilation.0;
+            for kx in 0..p.kernel_w {
+                let c = kx * p.dilation.1;
+                taps.push(((r % sh) * sw + c % sw) * sub_len + (r / sh) * sub_w + c / sw);
+            }
+        }
+        let flat_len = (p.out_h() * sub_w).next_multiple_of(CHUNK);
+        let last_read = taps.iter().max().copied().unwrap_or(0) + flat_len;
+        Layout {
+            sub_h,
+            sub_w,
+            copy_len: (sh * sw * sub_len).max(last_read),
+            flat_len,
+            taps,
+        }
+    }
+}
+
+/// Depthwise 2-D convolution (see the [module contract](super)), with
+/// `epilogue` applied to each output plane. `p` must satisfy [`applies`].
+///
+/// Fails, before writing anything, when a buffer has the wrong length or `p`
+/// is not depthwise; a refused scratch allocation fails the call (some
+/// planes may then have been written).
+pub fn conv2d<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+    epilogue: Option<Epilogue<T>>,
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    if !applies(p) {
+        return Err(crate::KernelError::Precondition {
+            what: "depthwise convolution needs one input channel per group and a column stride of at most 4",
+        });
+    }
+    let (oh, ow) = (p.out_h(), p.out_w());
+    let plane_out = oh * ow;
+    if plane_out == 0 || p.batch == 0 {
+        return Ok(());
+    }
+    let plane_in = p.in_h * p.in_w;
+    let mult = p.out_channels_per_group();
+    let ntaps = p.kernel_h * p.kernel_w;
+    let layout = Layout::new(p);
+    let layout = &layout;
+    // One task: the `mult` output planes of one (image, input channel).
+    let task = |t: usize, out: &mut [T]| -> KernelResult<()> {
+        let (n, g) = (t / p.groups, t % p.groups);
+        let src = &input[(n * p.in_channels + g) * plane_in..][..plane_in];
+        with_scratch::<T, _>(layout.copy_len + layout.flat_len, |scratch| {
+            let (copy, flat) = scratch.split_at_mut(layout.copy_len);
+            fill(p, layout, src, copy);
+            for (j, plane) in out.chunks_exact_mut(plane_out).enumerate() {
+                let oc = g * mult + j;
+                let w = &weight[oc * ntaps..][..ntaps];
+                let b = bias.map_or(T::zero(), |b| b[oc]);
+                // SAFETY: `copy` and `flat` have the layout's lengths, so every
+                // tap's run of `flat_len` reads lies inside `copy`.
+                unsafe { flat_conv(layout, copy, w, b, flat) };
+                for (y, row) in plane.chunks_exact_mut(ow).enumerate() {
+                    row.copy_from_slice(&flat[y * layout.sub_w..][..ow]);
+                }
+                if let Some(e) = epilogue {
+                    e(plane);
+                }
+            }
+        })
+    };
+    let block = mult * plane_out;
+    let tasks = p.batch * p.groups;
+    if threads_for(p) > 1 && tasks > 1 {
+        let per = MIN_TASK_ELEMENTS.div_ceil(block).max(1);
+        output
+            .par_chunks_mut(block)
+            .enumerate()
+            .with_min_len(per)
+            .try_for_each(|(t, out)| task(t, out))
+    } else {
+        output
+            .chunks_mut(block)
+            .enumerate()
+            .try_for_each(|(t, out)| task(t, out))
+    }
+}
+
+/// Writes the zero-padded, phase-split copy of the plane `src` into `copy`
+/// (of `layout.copy_len` elements): padded pixel `(r, c)` goes to
+/// `copy[((r % sh) * sw + c % sw) * sub_len + (r / sh) * sub_w + c / sw]`;
+/// everything else is zero.
+fn fill<T: Float>(p: &Conv2dParams, layout: &Layout, src: &[T], copy: &mut [T]) {
+    let (sh, sw) = p.stride;
+    let sub_len = layout.sub_h * layout.sub_w;
+    copy.fill(T::zero());
+    let (top, left) = (p.padding.top, p.padding.left);
+    for (y, row) in src.chunks_exact(p.in_w).enumerate() {
+        let r = top + y;
+        let base = (r % sh) * sw * sub_len + (r / sh) * layout.sub_w;
+        if sw == 1 {
+            copy[base + left..][..p.in_w].copy_from_slice(row);
+            continue;
+        }
+        if sw == 2 {
+            // Pairs of columns split into the two phases (vectorises).
+            let odd = left % 2;
+            let (first, rest) = row.split_at(odd.min(row.len()));
+            // `left + odd` is even: each pair lands at the same index of both phases.
+            let c0 = (left + odd) / 2;
+            if let Some(&v) = first.first() {
+                copy[base + sub_len + left / 2] = v;
+            }
+            let (ph0, ph1) = copy[base..].split_at_mut(sub_len);
+            let pairs = rest.chunks_exact(2);
+            let tail = pairs.remainder();
+            let n = rest.len() / 2;
+            for ((a, b), pair) in ph0[c0..c0 + n]
+                .iter_mut()
+                .zip(&mut ph1[c0..c0 + n])
+                .zip(pairs)
+            {
+                *a = pair[0];
+                *b = pair[1];
+            }
+            if let Some(&v) = tail.first() {
+                ph0[c0 + n] = v;
+            }
+            continue;
+        }
+        // One phase at a time: a strided read into a unit-stride write.
+        for phase in 0..sw.min(p.in_w) {
+            let x0 = (phase + sw - left % sw) % sw;
+            let dst = &mut copy[base + phase * sub_len + (left + x0) / sw..];
+            for (d, &v) in dst.iter_mut().zip(row[x0..].iter().step_by(sw)) {
+                *d = v;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// The flat output run from the copy: see [`flat_conv_impl`].
+    unsafe fn flat_conv<T>(layout: &Layout, copy: &[T], w: &[T], bias: T, flat: &mut [T]) => flat_conv_impl
+}
+
+/// `flat[i] = bias + sum over taps t of w[t] * copy[layout.taps[t] + i]`, in
+/// chunks of [`CHUNK`] accumulated in registers.
+///
+/// # Safety
+/// `flat` has `layout.flat_len` elements, `w` one per tap, and `copy` at
+/// least `layout.taps[t] + layout.flat_len` for every tap.
+#[inline(always)]
+unsafe fn flat_conv_impl<T: Float>(layout: &Layout, copy: &[T], w: &[T], bias: T, flat: &mut [T]) {
+    for (c, out) in flat.chunks_exact_mut(CHUNK).enumerate() {
+        let i0 = c * CHUNK;
+        let mut acc = [bias; CHUNK];
+        for (&off, &wv) in layout.taps.iter().zip(w) {
+            // SAFETY: off + i0 + CHUNK <= off + flat_len <= copy.len().
+            let s = unsafe { copy.get_unchecked(off + i0..off + i0 + CHUNK) };
+            for i in 0..CHUNK {
+                acc[i] += wv * s[i];
+            }
+        }
+        out.copy_from_slice(&acc);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::conv2d::direct;
+    use crate::params::Padding2d;
+
+    /// Every stride, dilation, padding, multiplier and plane size the grid
+    /// holds, against the generic direct kernel, in f32 and f64.
+    #[test]
+    fn matches_direct_convolution() {
+        let mut cases = 0;
+        for &(k, stride, dil, pad) in &[
+            (3, 1, 1, (1, 1, 1, 1)),
+            (3, 2, 1, (1, 1, 1, 1)),
+            (5, 2, 1, (2, 2, 2, 2)),
+            (5, 1, 2, (4, 4, 4, 4)),
+            (3, 3, 1, (0, 2, 1, 0)),
+            (1, 1, 1, (0, 0, 0, 0)),
+            (7, 1, 1, (3, 3, 3, 3)),
+            (3, 2, 1, (0, 1, 0, 1)),
+        ] {
+            for &(h, w) in &[(7, 7), (9, 40), (1, 33), (12, 5)] {
+                for &mult in &[1, 2] {
+                    let p = Conv2dParams {
+                        batch: 2,
+                        in_channels: 3,
+                        in_h: h,
+                        in_w: w,
+                        out_channels: 3 * mult,
+                        kernel_h: k,
+                        kernel_w: k,
+                        stride: (stride, stride),
+                        padding: Padding2d {
+                            top: pad.0,
+                            bottom: pad.1,
+                            left: pad.2,
+                            right: pad.3,
+                        },
+                        dilation: (dil, dil),
+                        groups: 3,
+                    };
+                    if p.padded_h() < p.effective_kernel_h()
+                        || p.padded_w() < p.effective_kernel_w()
+                    {
+                        continue;
+                    }
+                    check::<f32>(&p, 1e-5);
+                    check::<f64>(&p, 1e-12);
+                    cases += 1;
+                }
+            }
+        }
+        assert!(cases > 40, "{cases}");
+    }
+
+    fn check<T: Float>(p: &Conv2dParams, tol: f64) {
+        let val = |i: usize| T::from_f64(((i * 7919) % 23) as f64 / 11.0 - 1.0).unwrap();
+        let x: Vec<T> = (0..p.input_len()).map(val).collect();
+        let w: Vec<T> = (0..p.weight_len()).map(|i| val(i * 3 + 1)).collect();
+        let b: Vec<T> = (0..p.out_channels).map(|i| val(i + 5)).collect();
+        let mut want = vec![T::zero(); p.output_len()];
+        direct::conv2d(p, &x, &w, Some(&b), &mut want).unwrap();
+        want.iter_mut().for_each(|v| *v = v.max(T::zero()));
+        let mut got = vec![T::nan(); p.output_len()];
+        let relu = |s: &mut [T]| s.iter_mut().for_each(|v| *v = v.max(T::zero()));
+        conv2d(p, &x, &w, Some(&b), &mut got, Some(&relu)).unwrap();
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            let d = (*g - *e).abs().to_f64().unwrap();
+            assert!(d <= tol, "{p:?} at {i}: {g:?} vs {e:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_is_not_depthwise_and_wrong_buffers() {
+        let p = Conv2dParams {
+            batch: 1,
+            in_channels: 4,
+            in_h: 5,
+            in_w: 5,
+            out_channels: 4,
+            kernel_h: 3,
+            kernel_w: 3,
+            stride: (1, 1),
+            padding: Padding2d::default(),
+            dilation: (1, 1),
+            groups: 2,
+        };
+        let (x, w) = (vec![0f32; 100], vec![0f32; 4 * 2 * 9]);
+        let mut out = vec![0f32; 4 * 9];
+        assert!(conv2d(&p, &x, &w, None, &mut out, None).is_err());
+        let p = Conv2dParams { groups: 4, ..p };
+        let mut short = vec![0f32; 3];
+        assert!(conv2d(&p, &x, &w[..36], None, &mut short, None).is_err());
+    }
+}
