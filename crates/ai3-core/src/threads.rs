@@ -37,7 +37,7 @@
 use std::ffi::c_void;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use crate::error::{Error, Result};
 
@@ -91,7 +91,12 @@ fn current() -> Option<Arc<rayon::ThreadPool>> {
 /// Threads kernels use: the configured count, else one per core.
 pub fn num_threads() -> usize {
     match WANTED.load(Ordering::Acquire) {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        // Asked once: on Linux it reads the cgroup's CPU quota from files,
+        // tens of microseconds, and every call of a model asks.
+        0 => {
+            static CORES: OnceLock<usize> = OnceLock::new();
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        }
         n => n,
     }
 }
