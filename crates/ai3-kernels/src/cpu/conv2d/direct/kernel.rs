@@ -81,6 +81,27 @@ pub(super) fn select<T: Float>(mr: usize, nv: usize, force_portable: bool) -> Ti
             return unsafe { std::mem::transmute::<TileFn<f64>, TileFn<T>>(f) };
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if !force_portable && crate::isa::avx2() {
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            let f: TileFn<f32> = match (mr, nv) {
+                (8, _) => avx2::tile_f32::<8, 3>,
+                (4, _) => avx2::tile_f32::<4, 6>,
+                _ => avx2::tile_f32::<1, 8>,
+            };
+            // SAFETY: T is f32, so the two function pointer types are the same.
+            return unsafe { std::mem::transmute::<TileFn<f32>, TileFn<T>>(f) };
+        }
+        if TypeId::of::<T>() == TypeId::of::<f64>() {
+            let f: TileFn<f64> = match (mr, nv) {
+                (8, _) => avx2::tile_f64::<8, 3>,
+                (4, _) => avx2::tile_f64::<4, 6>,
+                _ => avx2::tile_f64::<1, 8>,
+            };
+            // SAFETY: T is f64, so the two function pointer types are the same.
+            return unsafe { std::mem::transmute::<TileFn<f64>, TileFn<T>>(f) };
+        }
+    }
     match (mr, nv, vector_len::<T>()) {
         (8, _, 16) => portable::<T, 8, 3, 16>,
         (4, _, 16) => portable::<T, 4, 6, 16>,
@@ -225,5 +246,96 @@ mod avx512 {
         _mm512_storeu_pd,
         _mm512_mask_storeu_pd,
         u8
+    );
+}
+
+/// AVX2 microkernels for CPUs without AVX-512. A slot (16 f32 or 8 f64
+/// columns) is two 256-bit vectors; with 16 registers the accumulators of
+/// all `MR x NV` slots do not fit, so the kernel walks the slots one at a
+/// time and the channels four at a time (8 accumulators, 2 input vectors and
+/// a broadcast weight in registers).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::Tile;
+
+    macro_rules! tile_kernel {
+        ($name:ident, $t:ty, $zero:ident, $set1:ident, $loadu:ident, $fmadd:ident,
+         $storeu:ident) => {
+            /// AVX2 microkernel (see the [module](self)).
+            ///
+            /// # Safety
+            /// AVX2 and FMA must be available; the tile's pointers must cover
+            /// a full slot per read and the `len` columns of `mr_valid`
+            /// channels written.
+            #[target_feature(enable = "avx2,fma")]
+            pub(super) unsafe fn $name<const MR: usize, const NV: usize>(a: &Tile<$t>) {
+                const LANES: usize = 32 / std::mem::size_of::<$t>();
+                // Channels per pass: a constant once MR is known.
+                let rg = if MR >= 4 { 4 } else { 1 };
+                for v in 0..NV {
+                    let len = a.len[v];
+                    if len == 0 {
+                        continue;
+                    }
+                    let mut r0 = 0;
+                    while r0 < MR && r0 < a.mr_valid {
+                        let mut acc = [[$zero(); 2]; 4];
+                        for (m, row) in acc.iter_mut().enumerate().take(rg) {
+                            let b = $set1(*a.bias.add(r0 + m));
+                            *row = [b, b];
+                        }
+                        let mut inp = a.inp[v];
+                        let mut w = a.w.add(r0);
+                        for _ in 0..a.icg {
+                            for t in 0..a.ntaps {
+                                let src = inp.add(*a.taps.add(t));
+                                let (x0, x1) = ($loadu(src), $loadu(src.add(LANES)));
+                                for (m, row) in acc.iter_mut().enumerate().take(rg) {
+                                    let wm = $set1(*w.add(m));
+                                    row[0] = $fmadd(wm, x0, row[0]);
+                                    row[1] = $fmadd(wm, x1, row[1]);
+                                }
+                                w = w.add(MR);
+                            }
+                            inp = inp.add(a.chan_stride);
+                        }
+                        for (m, row) in acc.iter().enumerate().take(rg.min(a.mr_valid - r0)) {
+                            let dst = a.out[v].add((r0 + m) * a.oc_stride);
+                            if len >= 2 * LANES {
+                                $storeu(dst, row[0]);
+                                $storeu(dst.add(LANES), row[1]);
+                            } else {
+                                let mut tmp = [0.0 as $t; 2 * LANES];
+                                $storeu(tmp.as_mut_ptr(), row[0]);
+                                $storeu(tmp.as_mut_ptr().add(LANES), row[1]);
+                                std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, len);
+                            }
+                        }
+                        r0 += rg;
+                    }
+                }
+            }
+        };
+    }
+
+    tile_kernel!(
+        tile_f32,
+        f32,
+        _mm256_setzero_ps,
+        _mm256_set1_ps,
+        _mm256_loadu_ps,
+        _mm256_fmadd_ps,
+        _mm256_storeu_ps
+    );
+    tile_kernel!(
+        tile_f64,
+        f64,
+        _mm256_setzero_pd,
+        _mm256_set1_pd,
+        _mm256_loadu_pd,
+        _mm256_fmadd_pd,
+        _mm256_storeu_pd
     );
 }
