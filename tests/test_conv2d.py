@@ -269,3 +269,40 @@ def test_conv2d_tiny_image(algo):
     with torch.no_grad():
         expected = conv(x)
     assert_close(ai3.convert(nn.Sequential(conv), {"conv2d": algo})(x), expected)
+
+
+DEPTHWISE = [
+    # (channels, multiplier, kernel, stride, padding, dilation, (h, w))
+    (8, 1, 3, 1, 1, 1, (7, 7)),
+    (8, 1, 3, 2, 1, 1, (14, 13)),
+    (4, 2, 3, 2, 1, 1, (9, 11)),
+    (6, 1, 5, 2, 2, 1, (15, 16)),
+    (6, 1, 5, 1, 2, 1, (1, 40)),
+    (4, 1, 3, 3, (0, 2), 1, (10, 9)),
+    (4, 3, 3, 1, 2, 2, (9, 11)),
+    (5, 1, (3, 5), (2, 1), (1, 2), 1, (12, 7)),
+    (3, 1, 3, (1, 4), 1, 1, (8, 21)),
+    (3, 1, 3, (1, 5), 1, 1, (8, 21)),  # column stride past the depthwise path's limit
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("path", ["convert", "swap"])
+@pytest.mark.parametrize("algo", ["direct", "default"])
+@pytest.mark.parametrize("case", DEPTHWISE, ids=lambda c: str(c).replace(" ", ""))
+def test_depthwise_grid(case, algo, path, dtype):
+    """Depthwise layers (MobileNet's and EfficientNet's): strides, dilations,
+    multipliers, asymmetric kernels and padding, with a fused activation on
+    the convert path, against PyTorch."""
+    c, mult, k, stride, padding, dilation, (h, w) = case
+    conv = nn.Conv2d(c, c * mult, k, stride, padding, dilation, groups=c).to(dtype)
+    net = nn.Sequential(conv, nn.ReLU6()).eval()
+    x = torch.randn(2, c, h, w, dtype=dtype)
+    with torch.no_grad():
+        expected = net(x)
+    if path == "convert":
+        model = ai3.convert(net, {"conv2d": algo})
+        assert model.summary([2, c, h, w])[0]["fused"] == "relu6"
+    else:
+        model = ai3.swap_conv2d(copy.deepcopy(net), algo)
+    assert_close(model(x), expected, dtype)

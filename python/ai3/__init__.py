@@ -56,7 +56,7 @@ from .swap import (
     swap_relu,
 )
 from .tensor import Tensor
-from .threads import get_num_threads, set_num_threads
+from .threads import cpu_isa, get_num_threads, set_num_threads
 
 try:
     __version__ = version("aithree")
@@ -89,6 +89,7 @@ __all__ = [
     "__version__",
     "algorithm_table",
     "get_num_threads",
+    "cpu_isa",
     "set_num_threads",
     "convert",
     "explore",

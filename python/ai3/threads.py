@@ -60,6 +60,14 @@ def get_num_threads() -> int:
     return _core.get_num_threads()
 
 
+def cpu_isa() -> str:
+    """The instruction-set level ai3's CPU kernels use: ``"avx512"``, ``"avx2"``
+    (with FMA) or ``"portable"``. It is the best this CPU has, or lower when the
+    ``AI3_CPU_ISA`` environment variable names a lower level; it is chosen once,
+    when the first kernel runs, and fixed for the life of the process."""
+    return _core.cpu_isa()
+
+
 def sync() -> None:
     """Applies the configured count (or torch's) before a computation."""
     want = _pinned or torch.get_num_threads()

@@ -11,7 +11,7 @@ pub mod registry;
 pub mod tensor;
 pub mod threads;
 
-pub use ai3_kernels::params;
+pub use ai3_kernels::{isa, params};
 pub use dtype::{DType, Device, Element};
 pub use error::{Error, Result};
 pub use graph::{Graph, MemoryPlan, NodeReport, ValueId};

@@ -99,6 +99,13 @@ fn get_num_threads() -> usize {
     ai3_core::threads::num_threads()
 }
 
+/// The instruction-set level the CPU kernels use: `"avx512"`, `"avx2"` or
+/// `"portable"` (the best the CPU has, capped by `AI3_CPU_ISA`; fixed per process).
+#[pyfunction]
+fn cpu_isa() -> &'static str {
+    ai3_core::isa::level().name()
+}
+
 /// Turns parking of PyTorch's idle OpenMP threads on (for runs started from
 /// the calling thread) or off (`ai3_core::threads`); returns whether it is on.
 #[pyfunction]
@@ -140,6 +147,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dlpack_roundtrip, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
     m.add_function(wrap_pyfunction!(_park_openmp, m)?)?;
     m.add_function(wrap_pyfunction!(_parks_openmp, m)?)?;
     Ok(())

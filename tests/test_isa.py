@@ -1,0 +1,62 @@
+"""The CPU feature ladder: every instruction-set level below the best this CPU
+has runs the conv2d and pooling grids against PyTorch, in a process of its own
+with ``AI3_CPU_ISA`` capping the level (the level is fixed per process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ai3 import _core
+
+LEVELS = ["portable", "avx2", "avx512"]
+TESTS = Path(__file__).parent
+
+
+def test_the_level_is_known():
+    import ai3
+
+    assert ai3.cpu_isa() == _core.cpu_isa() in LEVELS
+
+
+def _run(level: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, AI3_CPU_ISA=level)
+    return subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=1200
+    )
+
+
+@pytest.mark.parametrize("level", ["portable", "avx2"])
+def test_a_capped_level_is_used(level):
+    best = _core.cpu_isa()
+    want = LEVELS[min(LEVELS.index(level), LEVELS.index(best))]
+    got = _run(level, "-c", "from ai3 import _core; print(_core.cpu_isa())")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ["portable", "avx2"])
+def test_lower_levels_pass_the_conv_and_pool_grids(level):
+    if LEVELS.index(level) >= LEVELS.index(_core.cpu_isa()):
+        pytest.skip(f"this CPU's best level is {_core.cpu_isa()}: the main run covers {level}")
+    got = _run(
+        level,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        str(TESTS / "test_conv2d.py"),
+        str(TESTS / "test_layers.py"),
+        "-k",
+        "convert and (conv2d or depthwise or pool)",
+    )
+    tail = (got.stdout + got.stderr)[-3000:]
+    assert got.returncode == 0, tail
+    assert " passed" in got.stdout, tail
