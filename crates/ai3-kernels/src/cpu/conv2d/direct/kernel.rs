@@ -60,47 +60,37 @@ pub(super) fn vector_len<T: 'static>() -> usize {
 /// The fastest microkernel for `T` and block shape `(mr, nv)` (one of [`SHAPES`]).
 /// `force_portable` picks the plain Rust kernel whatever the CPU (for tests).
 pub(super) fn select<T: Float>(mr: usize, nv: usize, force_portable: bool) -> TileFn<T> {
+    // The kernel of module `$isa` for `T` and `(mr, nv)`, when T is f32 or f64.
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! from {
+        ($isa:ident) => {
+            if TypeId::of::<T>() == TypeId::of::<f32>() {
+                let f: TileFn<f32> = match (mr, nv) {
+                    (8, _) => $isa::tile_f32::<8, 3>,
+                    (4, _) => $isa::tile_f32::<4, 6>,
+                    _ => $isa::tile_f32::<1, 8>,
+                };
+                // SAFETY: T is f32, so the two function pointer types are the same.
+                return unsafe { std::mem::transmute::<TileFn<f32>, TileFn<T>>(f) };
+            }
+            if TypeId::of::<T>() == TypeId::of::<f64>() {
+                let f: TileFn<f64> = match (mr, nv) {
+                    (8, _) => $isa::tile_f64::<8, 3>,
+                    (4, _) => $isa::tile_f64::<4, 6>,
+                    _ => $isa::tile_f64::<1, 8>,
+                };
+                // SAFETY: T is f64, so the two function pointer types are the same.
+                return unsafe { std::mem::transmute::<TileFn<f64>, TileFn<T>>(f) };
+            }
+        };
+    }
     #[cfg(target_arch = "x86_64")]
     if !force_portable && crate::isa::avx512() {
-        if TypeId::of::<T>() == TypeId::of::<f32>() {
-            let f: TileFn<f32> = match (mr, nv) {
-                (8, _) => avx512::tile_f32::<8, 3>,
-                (4, _) => avx512::tile_f32::<4, 6>,
-                _ => avx512::tile_f32::<1, 8>,
-            };
-            // SAFETY: T is f32, so the two function pointer types are the same.
-            return unsafe { std::mem::transmute::<TileFn<f32>, TileFn<T>>(f) };
-        }
-        if TypeId::of::<T>() == TypeId::of::<f64>() {
-            let f: TileFn<f64> = match (mr, nv) {
-                (8, _) => avx512::tile_f64::<8, 3>,
-                (4, _) => avx512::tile_f64::<4, 6>,
-                _ => avx512::tile_f64::<1, 8>,
-            };
-            // SAFETY: T is f64, so the two function pointer types are the same.
-            return unsafe { std::mem::transmute::<TileFn<f64>, TileFn<T>>(f) };
-        }
+        from!(avx512);
     }
     #[cfg(target_arch = "x86_64")]
     if !force_portable && crate::isa::avx2() {
-        if TypeId::of::<T>() == TypeId::of::<f32>() {
-            let f: TileFn<f32> = match (mr, nv) {
-                (8, _) => avx2::tile_f32::<8, 3>,
-                (4, _) => avx2::tile_f32::<4, 6>,
-                _ => avx2::tile_f32::<1, 8>,
-            };
-            // SAFETY: T is f32, so the two function pointer types are the same.
-            return unsafe { std::mem::transmute::<TileFn<f32>, TileFn<T>>(f) };
-        }
-        if TypeId::of::<T>() == TypeId::of::<f64>() {
-            let f: TileFn<f64> = match (mr, nv) {
-                (8, _) => avx2::tile_f64::<8, 3>,
-                (4, _) => avx2::tile_f64::<4, 6>,
-                _ => avx2::tile_f64::<1, 8>,
-            };
-            // SAFETY: T is f64, so the two function pointer types are the same.
-            return unsafe { std::mem::transmute::<TileFn<f64>, TileFn<T>>(f) };
-        }
+        from!(avx2);
     }
     match (mr, nv, vector_len::<T>()) {
         (8, _, 16) => portable::<T, 8, 3, 16>,
