@@ -55,7 +55,7 @@ def test_lower_levels_pass_the_conv_and_pool_grids(level):
         str(TESTS / "test_conv2d.py"),
         str(TESTS / "test_layers.py"),
         "-k",
-        "convert and (conv2d or depthwise or pool)",
+        "convert and (conv2d or depthwise or pointwise or pool)",
     )
     tail = (got.stdout + got.stderr)[-3000:]
     assert got.returncode == 0, tail

@@ -1,15 +1,14 @@
-//! The f32 AVX-512 register tile the packed linear layer and flash attention
-//! share: `C[m x n] (+)= A[m x kc] @ B[kc x n]` for `m <= 12` rows and
-//! `n <= 32` columns, with `A` read by rows (one value broadcast per row and
-//! step) and `B` by rows of up to 32 values (two vectors per step). The 24
-//! accumulators stay in registers for the whole reduction.
+//! The f32 register tiles the packed linear layer, flash attention and 1x1
+//! convolution share: `C[m x n] (+)= A[m x kc] @ B[kc x n]` for `m <= MR`
+//! rows and `n <= NR` columns, with `A` read by rows (one value broadcast per
+//! row and step) and `B` by rows of up to `NR` values (two vectors per step).
+//! The accumulators stay in registers for the whole reduction.
+//!
+//! One tile per [ISA level](crate::isa): [`avx512`] (12 x 32, 24 of the 32
+//! vector registers) and [`avx2`] (6 x 16, 12 of the 16). [`Kernel::get`]
+//! picks the one this process runs.
 
 #![cfg(target_arch = "x86_64")]
-
-use std::arch::x86_64::*;
-
-/// Most rows of a tile.
-pub(crate) const MR: usize = 12;
 
 /// Where a tile's sums start.
 #[derive(Clone, Copy)]
@@ -18,6 +17,9 @@ pub(crate) enum Init {
     Zero,
     /// From a row of `NR` values (a bias, padded) repeated for every row.
     Row(*const f32),
+    /// From one value per row (`m` values: a convolution's bias per output
+    /// channel) repeated along the row.
+    PerRow(*const f32),
     /// From what the output holds (partial sums, or a result to add to).
     Load,
 }
@@ -38,79 +40,239 @@ pub(crate) struct Tile {
     pub init: Init,
 }
 
-/// The first `n` of 16 lanes.
-fn lane_mask(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xFFFF
-    } else {
-        ((1u32 << n) - 1) as __mmask16
-    }
+/// A tile of one ISA level: its shape and the function that runs it.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel {
+    /// Most rows of a tile.
+    pub mr: usize,
+    /// Most columns of a tile.
+    pub nr: usize,
+    /// Computes a tile of `m` rows (`1..=mr`) and `n` columns (`1..=nr`).
+    ///
+    /// # Safety
+    /// The CPU has the level's features; `a` holds `m` rows of `kc` values
+    /// at stride `lda`, `b` `kc` rows of `n` values at stride `ldb`, `c` `m`
+    /// rows of `n` values at stride `ldc` (`Init::Row` a row of `nr` values,
+    /// `Init::PerRow` `m` values); `c` overlaps none of them.
+    pub run: unsafe fn(usize, &Tile),
 }
 
-/// Computes `t` for `m` rows (`1..=MR`).
-///
-/// # Safety
-/// The CPU has AVX-512F; `a` holds `m` rows of `kc` values at stride `lda`,
-/// `b` `kc` rows of `n` values at stride `ldb`, `c` `m` rows of `n` values at
-/// stride `ldc` (and `Init::Row` a row of `NR` values); `c` overlaps neither.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn run(m: usize, t: &Tile) {
-    // SAFETY: as the caller guarantees.
-    unsafe {
-        match m {
-            12 => tile::<12>(t),
-            11 => tile::<11>(t),
-            10 => tile::<10>(t),
-            9 => tile::<9>(t),
-            8 => tile::<8>(t),
-            7 => tile::<7>(t),
-            6 => tile::<6>(t),
-            5 => tile::<5>(t),
-            4 => tile::<4>(t),
-            3 => tile::<3>(t),
-            2 => tile::<2>(t),
-            _ => tile::<1>(t),
+impl Kernel {
+    /// The tile for this process's [level](crate::isa::level), or `None` on
+    /// the portable level.
+    pub(crate) fn get() -> Option<Kernel> {
+        match crate::isa::level() {
+            crate::isa::Isa::Avx512 => Some(Kernel {
+                mr: avx512::MR,
+                nr: avx512::NR,
+                run: avx512::run,
+            }),
+            crate::isa::Isa::Avx2 => Some(Kernel {
+                mr: avx2::MR,
+                nr: avx2::NR,
+                run: avx2::run,
+            }),
+            crate::isa::Isa::Portable => None,
         }
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn tile<const M: usize>(t: &Tile) {
-    let (m0, m1) = (lane_mask(t.n), lane_mask(t.n.saturating_sub(16)));
-    // SAFETY (whole function): see `run`; lanes outside the masks are never
-    // read from `b` or `c` nor written to `c`.
-    let mut acc: [[__m512; 2]; M] = unsafe {
-        match t.init {
-            Init::Zero => [[_mm512_setzero_ps(); 2]; M],
-            Init::Row(row) => [[_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))]; M],
-            Init::Load => std::array::from_fn(|i| {
-                let c = t.c.add(i * t.ldc);
-                [
-                    _mm512_maskz_loadu_ps(m0, c),
-                    _mm512_maskz_loadu_ps(m1, c.add(16)),
-                ]
-            }),
+/// Dispatches a run-time row count to the tile of that many rows.
+macro_rules! by_rows {
+    ($m:expr, $t:expr, $tile:ident, $($rows:literal)+) => {
+        match $m {
+            $($rows => $tile::<$rows>($t),)+
+            _ => $tile::<1>($t),
         }
     };
-    let rows: [*const f32; M] = std::array::from_fn(|i| unsafe { t.a.add(i * t.lda) });
-    for k in 0..t.kc {
-        unsafe {
-            let b = t.b.add(k * t.ldb);
-            let b0 = _mm512_maskz_loadu_ps(m0, b);
-            let b1 = _mm512_maskz_loadu_ps(m1, b.add(16));
-            for i in 0..M {
-                let a = _mm512_set1_ps(*rows[i].add(k));
-                acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+}
+
+/// The AVX-512 tile: 12 rows of 32 columns.
+pub(crate) mod avx512 {
+    use super::{Init, Tile};
+    use std::arch::x86_64::*;
+
+    /// Most rows of a tile.
+    pub(crate) const MR: usize = 12;
+    /// Most columns of a tile.
+    pub(crate) const NR: usize = 32;
+
+    /// The first `n` of 16 lanes.
+    fn lane_mask(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// Computes `t` for `m` rows (`1..=MR`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; otherwise as [`super::Kernel::run`].
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn run(m: usize, t: &Tile) {
+        // SAFETY: as the caller guarantees.
+        unsafe { by_rows!(m, t, tile, 12 11 10 9 8 7 6 5 4 3 2) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile<const M: usize>(t: &Tile) {
+        let (m0, m1) = (lane_mask(t.n), lane_mask(t.n.saturating_sub(16)));
+        // SAFETY (whole function): see `run`; lanes outside the masks are
+        // never read from `b` or `c` nor written to `c`.
+        let mut acc: [[__m512; 2]; M] = unsafe {
+            match t.init {
+                Init::Zero => [[_mm512_setzero_ps(); 2]; M],
+                Init::Row(row) => [[_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))]; M],
+                Init::PerRow(col) => std::array::from_fn(|i| [_mm512_set1_ps(*col.add(i)); 2]),
+                Init::Load => std::array::from_fn(|i| {
+                    let c = t.c.add(i * t.ldc);
+                    [
+                        _mm512_maskz_loadu_ps(m0, c),
+                        _mm512_maskz_loadu_ps(m1, c.add(16)),
+                    ]
+                }),
+            }
+        };
+        let rows: [*const f32; M] = std::array::from_fn(|i| unsafe { t.a.add(i * t.lda) });
+        for k in 0..t.kc {
+            unsafe {
+                let b = t.b.add(k * t.ldb);
+                let b0 = _mm512_maskz_loadu_ps(m0, b);
+                let b1 = _mm512_maskz_loadu_ps(m1, b.add(16));
+                for i in 0..M {
+                    let a = _mm512_set1_ps(*rows[i].add(k));
+                    acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+                }
+            }
+        }
+        for (i, v) in acc.iter().enumerate() {
+            unsafe {
+                let c = t.c.add(i * t.ldc);
+                _mm512_mask_storeu_ps(c, m0, v[0]);
+                _mm512_mask_storeu_ps(c.add(16), m1, v[1]);
             }
         }
     }
-    for (i, v) in acc.iter().enumerate() {
+}
+
+/// The AVX2+FMA tile: 6 rows of 16 columns.
+pub(crate) mod avx2 {
+    use super::{Init, Tile};
+    use std::arch::x86_64::*;
+
+    /// Most rows of a tile.
+    pub(crate) const MR: usize = 6;
+    /// Most columns of a tile.
+    pub(crate) const NR: usize = 16;
+
+    /// Lane masks for the first `n` of 16 columns, as two 8-lane vectors.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn lane_masks(n: usize) -> [__m256i; 2] {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let n = n.min(16) as i32;
+        [
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes),
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), lanes),
+        ]
+    }
+
+    /// Computes `t` for `m` rows (`1..=MR`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; otherwise as [`super::Kernel::run`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn run(m: usize, t: &Tile) {
+        // SAFETY: as the caller guarantees.
         unsafe {
-            let c = t.c.add(i * t.ldc);
-            _mm512_mask_storeu_ps(c, m0, v[0]);
-            _mm512_mask_storeu_ps(c.add(16), m1, v[1]);
+            if t.n >= NR {
+                by_rows!(m, t, full, 6 5 4 3 2)
+            } else {
+                by_rows!(m, t, masked, 6 5 4 3 2)
+            }
+        }
+    }
+
+    /// A tile with all 16 columns: plain loads and stores.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn full<const M: usize>(t: &Tile) {
+        // SAFETY: see `run`.
+        unsafe { tile::<M, true>(t) }
+    }
+
+    /// A tile with fewer columns: masked loads and stores, which never touch
+    /// the lanes past `n`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn masked<const M: usize>(t: &Tile) {
+        // SAFETY: see `run`.
+        unsafe { tile::<M, false>(t) }
+    }
+
+    /// Eight values at `p`, of the lanes set in `m` unless `FULL`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load<const FULL: bool>(p: *const f32, m: __m256i) -> __m256 {
+        // SAFETY: the caller's pointer holds the lanes read.
+        unsafe {
+            if FULL {
+                _mm256_loadu_ps(p)
+            } else {
+                _mm256_maskload_ps(p, m)
+            }
+        }
+    }
+
+    /// Stores the lanes of `v` set in `m` (all of them if `FULL`) at `p`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store<const FULL: bool>(p: *mut f32, m: __m256i, v: __m256) {
+        // SAFETY: the caller's pointer holds the lanes written.
+        unsafe {
+            if FULL {
+                _mm256_storeu_ps(p, v)
+            } else {
+                _mm256_maskstore_ps(p, m, v)
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const M: usize, const FULL: bool>(t: &Tile) {
+        // SAFETY (whole function): see `run`.
+        unsafe {
+            let [m0, m1] = lane_masks(t.n);
+            let mut acc: [[__m256; 2]; M] = match t.init {
+                Init::Zero => [[_mm256_setzero_ps(); 2]; M],
+                Init::Row(row) => [[_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))]; M],
+                Init::PerRow(col) => std::array::from_fn(|i| [_mm256_set1_ps(*col.add(i)); 2]),
+                Init::Load => std::array::from_fn(|i| {
+                    let c = t.c.add(i * t.ldc);
+                    [load::<FULL>(c, m0), load::<FULL>(c.add(8), m1)]
+                }),
+            };
+            let rows: [*const f32; M] = std::array::from_fn(|i| t.a.add(i * t.lda));
+            for k in 0..t.kc {
+                let b = t.b.add(k * t.ldb);
+                let b0 = load::<FULL>(b, m0);
+                let b1 = load::<FULL>(b.add(8), m1);
+                for i in 0..M {
+                    let a = _mm256_broadcast_ss(&*rows[i].add(k));
+                    acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+                }
+            }
+            for (i, v) in acc.iter().enumerate() {
+                let c = t.c.add(i * t.ldc);
+                store::<FULL>(c, m0, v[0]);
+                store::<FULL>(c.add(8), m1, v[1]);
+            }
         }
     }
 }

@@ -227,7 +227,8 @@ fn pack_keys(k: &[f32], lk: usize, d: usize) -> KernelResult<Vec<f32>> {
 #[cfg(target_arch = "x86_64")]
 mod tiles {
     use super::NR;
-    use crate::cpu::tile::{self, Init, Tile, MR};
+    use crate::cpu::tile::{avx512 as tile, Init, Tile};
+    use tile::MR;
 
     /// `scores[rows x cols] = q[rows x d] @ kᵀ` for keys `j0..j0 + cols`
     /// (`j0` a multiple of [`NR`]), from the packed keys `kp`.

@@ -11,6 +11,7 @@ pub mod depthwise;
 pub mod direct;
 pub mod fft;
 pub mod gemm;
+pub mod pointwise;
 pub mod smm;
 pub mod winograd;
 

@@ -123,7 +123,8 @@ pub fn linear(
 mod avx512 {
     use super::*;
     use crate::cpu::conv2d::SharedMut;
-    use crate::cpu::tile::{self, Init, Tile, MR};
+    use crate::cpu::tile::{avx512 as tile, Init, Tile};
+    use tile::MR;
 
     pub(super) fn run(
         p: &LinearParams,
