@@ -1,15 +1,17 @@
 //! Max pooling.
 
 use super::for_each_plane;
-use crate::alloc::{checked_product, KernelResult};
+use crate::alloc::KernelResult;
 use crate::cpu::scratch::with_scratch;
+use crate::isa::multiversion;
 use crate::params::Pool2dParams;
 use crate::Float;
 
 /// The larger of `acc` and `v`, where a NaN on either side wins and then sticks.
 #[inline(always)]
 fn nan_max<T: Float>(acc: T, v: T) -> T {
-    if v > acc || v.is_nan() {
+    // `|`, not `||`: both sides are cheap, and a select vectorises.
+    if (v > acc) | v.is_nan() {
         v
     } else {
         acc
@@ -48,25 +50,45 @@ fn taps_inside(start: isize, kernel: usize, dilation: usize, n: usize) -> std::o
     first as usize..end as usize
 }
 
-/// `hmax[x]`: the maximum of `row` over output column `x`'s window
-/// (`(kernel, stride, padding, dilation)` along the width); only columns
-/// outside `interior` check bounds.
-fn row_max<T: Float>(
-    row: &[T],
-    hmax: &mut [T],
-    (kw, sw, pw, dw): (usize, usize, usize, usize),
-    interior: (usize, usize),
-) {
-    for (x, h) in hmax.iter_mut().enumerate() {
-        let x0 = (x * sw) as isize - pw as isize;
-        *h = if (interior.0..interior.1).contains(&x) {
-            let x0 = x0 as usize;
-            (1..kw).fold(row[x0], |acc, kx| nan_max(acc, row[x0 + kx * dw]))
-        } else {
-            taps_inside(x0, kw, dw, row.len())
-                .map(|kx| (x0 + (kx * dw) as isize) as usize)
-                .fold(T::neg_infinity(), |acc, ix| nan_max(acc, row[ix]))
-        };
+multiversion! {
+    /// `acc[i] = nan_max(acc[i], row[i])`: one more row of a window, across
+    /// a whole input row at once.
+    unsafe fn fold_row<T>(acc: &mut [T], row: &[T]) => fold_row_impl
+}
+
+#[inline(always)]
+unsafe fn fold_row_impl<T: Float>(acc: &mut [T], row: &[T]) {
+    for (a, &v) in acc.iter_mut().zip(row) {
+        *a = nan_max(*a, v);
+    }
+}
+
+multiversion! {
+    /// `out[x] = max(v[x * sw + k * dw], k < kw)` for every `x`, where every
+    /// such index lies inside `v`: the windows of a row's interior.
+    unsafe fn window_max<T>(v: &[T], out: &mut [T], kw: usize, sw: usize, dw: usize) => window_max_impl
+}
+
+#[inline(always)]
+unsafe fn window_max_impl<T: Float>(v: &[T], out: &mut [T], kw: usize, sw: usize, dw: usize) {
+    // The shapes CNNs use, with the window fixed so the loop vectorises.
+    #[inline(always)]
+    fn fixed<T: Float, const K: usize, const S: usize>(v: &[T], out: &mut [T]) {
+        for (x, o) in out.iter_mut().enumerate() {
+            let w = &v[x * S..][..K];
+            *o = w[1..].iter().fold(w[0], |acc, &e| nan_max(acc, e));
+        }
+    }
+    match (kw, sw, dw) {
+        (3, 2, 1) => fixed::<T, 3, 2>(v, out),
+        (2, 2, 1) => fixed::<T, 2, 2>(v, out),
+        (3, 1, 1) => fixed::<T, 3, 1>(v, out),
+        _ => {
+            for (x, o) in out.iter_mut().enumerate() {
+                let x0 = x * sw;
+                *o = (1..kw).fold(v[x0], |acc, k| nan_max(acc, v[x0 + k * dw]));
+            }
+        }
     }
 }
 
@@ -74,10 +96,10 @@ fn row_max<T: Float>(
 /// dilation spreads the window, `ceil_mode` windows are clipped to the input,
 /// and a NaN anywhere in a window makes that output NaN.
 ///
-/// The window max is separable: each input row is first reduced along the
-/// width into a per-plane scratch row, then output rows take the maximum of
-/// `kernel.0` scratch rows, a contiguous pass that vectorises. Only border
-/// positions check bounds.
+/// The window max is separable: for each output row the input rows of its
+/// window are first folded into one row (a contiguous pass that vectorises),
+/// whose windows along the width then give the output row. Only border
+/// columns check bounds.
 ///
 /// A buffer of the wrong length is an error before anything is written; a
 /// refused scratch allocation fails the call.
@@ -90,23 +112,33 @@ pub fn maxpool2d<T: Float>(p: &Pool2dParams, input: &[T], output: &mut [T]) -> K
     let (dh, dw) = p.dilation;
     let (ih, iw) = (p.in_h, p.in_w);
     let (x_lo, x_hi) = interior(ow, iw, kw, sw, pw, dw);
-    let scratch = checked_product("max pooling row maxima", &[ih, ow])?;
     for_each_plane(input, ih * iw, output, oh * ow, |src, dst| {
-        // rows[iy * ow + x]: the maximum of input row iy over output column x's
-        // window; every entry is written before it is read.
-        with_scratch::<T, _>(scratch, |rows| {
-            for (row, hmax) in src.chunks_exact(iw).zip(rows.chunks_exact_mut(ow)) {
-                row_max(row, hmax, (kw, sw, pw, dw), (x_lo, x_hi));
-            }
+        // The window's rows folded into one; every entry is written before
+        // it is read.
+        with_scratch::<T, _>(iw, |vmax| {
             for (y, out) in dst.chunks_exact_mut(ow).enumerate() {
-                out.fill(T::neg_infinity());
                 let y0 = (y * sh) as isize - ph as isize;
-                for ky in taps_inside(y0, kh, dh, ih) {
-                    let iy = (y0 + (ky * dh) as isize) as usize;
-                    let hmax = &rows[iy * ow..][..ow];
-                    for (o, &v) in out.iter_mut().zip(hmax) {
-                        *o = nan_max(*o, v);
-                    }
+                let mut taps = taps_inside(y0, kh, dh, ih)
+                    .map(|ky| &src[(y0 + (ky * dh) as isize) as usize * iw..][..iw]);
+                match taps.next() {
+                    Some(first) => vmax.copy_from_slice(first),
+                    None => vmax.fill(T::neg_infinity()),
+                }
+                for row in taps {
+                    // SAFETY: plain Rust on slices, compiled for the ISA level in use.
+                    unsafe { fold_row(vmax, row) };
+                }
+                if x_lo < x_hi {
+                    // SAFETY: as above; interior windows lie inside the row.
+                    unsafe {
+                        window_max(&vmax[x_lo * sw - pw..], &mut out[x_lo..x_hi], kw, sw, dw)
+                    };
+                }
+                for x in (0..x_lo).chain(x_hi..ow) {
+                    let x0 = (x * sw) as isize - pw as isize;
+                    out[x] = taps_inside(x0, kw, dw, iw)
+                        .map(|kx| vmax[(x0 + (kx * dw) as isize) as usize])
+                        .fold(T::neg_infinity(), nan_max);
                 }
             }
         })
