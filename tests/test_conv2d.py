@@ -309,15 +309,16 @@ def test_depthwise_grid(case, algo, path, dtype):
 
 
 POINTWISE = [
-    # (in_channels, out_channels, stride, groups, (h, w), batch)
-    (3, 5, 1, 1, (1, 1), 1),
-    (17, 13, 1, 1, (7, 7), 2),
-    (300, 40, 1, 1, (5, 9), 1),  # several reduction blocks
-    (24, 36, 1, 1, (17, 19), 3),  # several pixel blocks, row tails
-    (64, 200, 1, 1, (3, 3), 1),  # several channel blocks
-    (12, 18, 2, 1, (9, 11), 2),
-    (16, 8, (1, 3), 2, (8, 8), 2),
-    (8, 12, 1, 4, (6, 5), 1),
+    # (in_channels, out_channels, stride, padding, groups, (h, w), batch)
+    (3, 5, 1, 0, 1, (1, 1), 1),
+    (17, 13, 1, 0, 1, (7, 7), 2),
+    (300, 40, 1, 0, 1, (5, 9), 1),  # several reduction blocks
+    (24, 36, 1, 0, 1, (17, 19), 3),  # several pixel blocks, row tails
+    (64, 200, 1, 0, 1, (3, 3), 1),  # several channel blocks
+    (12, 18, 2, 0, 1, (9, 11), 2),
+    (16, 8, (1, 3), 0, 2, (8, 8), 2),
+    (8, 12, 1, 0, 4, (6, 5), 1),
+    (6, 10, 2, (1, 2), 1, (7, 6), 1),  # padding: zero columns
 ]
 
 
@@ -327,12 +328,12 @@ POINTWISE = [
 @pytest.mark.parametrize("algo", ["gemm", "default"])
 @pytest.mark.parametrize("case", POINTWISE, ids=lambda c: str(c).replace(" ", ""))
 def test_pointwise_grid(case, algo, bias, path, dtype):
-    """1x1 layers without padding (the GEMM algorithm's pointwise path in
-    f32): tile row and column tails, several reduction, pixel and channel
-    blocks, strides, groups, with and without bias, with a fused activation
-    on the convert path, against PyTorch."""
-    ic, oc, stride, groups, (h, w), n = case
-    conv = nn.Conv2d(ic, oc, 1, stride, groups=groups, bias=bias).to(dtype)
+    """1x1 layers (the GEMM algorithm's tiled path in f32): tile row and
+    column tails, several reduction, pixel and channel blocks, strides,
+    padding, groups, with and without bias, with a fused activation on the
+    convert path, against PyTorch."""
+    ic, oc, stride, padding, groups, (h, w), n = case
+    conv = nn.Conv2d(ic, oc, 1, stride, padding, groups=groups, bias=bias).to(dtype)
     net = nn.Sequential(conv, nn.ReLU6()).eval()
     x = torch.randn(n, ic, h, w, dtype=dtype)
     with torch.no_grad():

@@ -5,7 +5,7 @@ use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use std::sync::OnceLock;
 
 use ai3_kernels::alloc::checked_sum;
-use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, pointwise, smm, winograd};
+use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, smm, tiled, winograd};
 use ai3_kernels::cpu::pad::pad2d;
 pub use ai3_kernels::cpu::pad::PadMode;
 use ai3_kernels::custom;
@@ -334,9 +334,9 @@ impl Conv2d {
                 direct::conv2d_packed(p, x, packed, out)
             }
             Algorithm::Smm => smm::conv2d(p, x, w, b, out),
-            Algorithm::Gemm if pointwise::applies::<T>(p) => {
+            Algorithm::Gemm if tiled::applies::<T>(p) => {
                 fused = true;
-                pointwise::conv2d(p, x, w, b, out, Some(&epilogue))
+                tiled::conv2d(p, x, w, b, out, Some(&epilogue))
             }
             Algorithm::Gemm => gemm::conv2d(p, x, w, b, out),
             Algorithm::Fft => fft::conv2d(p, x, w, b, out),

@@ -11,8 +11,8 @@ pub mod depthwise;
 pub mod direct;
 pub mod fft;
 pub mod gemm;
-pub mod pointwise;
 pub mod smm;
+pub mod tiled;
 pub mod winograd;
 
 mod padded;
