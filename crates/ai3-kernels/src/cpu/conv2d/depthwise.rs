@@ -22,7 +22,7 @@
 use rayon::prelude::*;
 
 use super::threads_for;
-use crate::alloc::{check_len, KernelResult};
+use crate::alloc::{check_len, try_zeroed_vec, KernelResult};
 use crate::cpu::scratch::with_scratch;
 use crate::isa::multiversion;
 use crate::params::Conv2dParams;
@@ -118,54 +118,66 @@ pub fn conv2d<T: Float>(
     let ntaps = p.kernel_h * p.kernel_w;
     let layout = Layout::new(p);
     let layout = &layout;
-    // One task: the `mult` output planes of one (image, input channel).
-    let task = |t: usize, out: &mut [T]| -> KernelResult<()> {
+    // One task: the `mult` output planes of one (image, input channel), with
+    // a buffer whose padding positions are zero (`fill` writes only the
+    // plane's pixels, the same positions for every plane of the layer, so a
+    // buffer is zeroed once, not once per plane).
+    let task = |scratch: &mut [T], t: usize, out: &mut [T]| {
         let (n, g) = (t / p.groups, t % p.groups);
         let src = &input[(n * p.in_channels + g) * plane_in..][..plane_in];
-        with_scratch::<T, _>(layout.copy_len + layout.flat_len, |scratch| {
-            let (copy, flat) = scratch.split_at_mut(layout.copy_len);
-            fill(p, layout, src, copy);
-            for (j, plane) in out.chunks_exact_mut(plane_out).enumerate() {
-                let oc = g * mult + j;
-                let w = &weight[oc * ntaps..][..ntaps];
-                let b = bias.map_or(T::zero(), |b| b[oc]);
-                // SAFETY: `copy` and `flat` have the layout's lengths, so every
-                // tap's run of `flat_len` reads lies inside `copy`.
-                unsafe { flat_conv(layout, copy, w, b, flat) };
-                for (y, row) in plane.chunks_exact_mut(ow).enumerate() {
-                    row.copy_from_slice(&flat[y * layout.sub_w..][..ow]);
-                }
-                if let Some(e) = epilogue {
-                    e(plane);
-                }
+        let (copy, flat) = scratch.split_at_mut(layout.copy_len);
+        fill(p, layout, src, copy);
+        for (j, plane) in out.chunks_exact_mut(plane_out).enumerate() {
+            let oc = g * mult + j;
+            let w = &weight[oc * ntaps..][..ntaps];
+            let b = bias.map_or(T::zero(), |b| b[oc]);
+            // SAFETY: `copy` and `flat` have the layout's lengths, so every
+            // tap's run of `flat_len` reads lies inside `copy`.
+            unsafe { flat_conv(layout, copy, w, b, flat) };
+            for (y, row) in plane.chunks_exact_mut(ow).enumerate() {
+                row.copy_from_slice(&flat[y * layout.sub_w..][..ow]);
             }
-        })
+            if let Some(e) = epilogue {
+                e(plane);
+            }
+        }
     };
     let block = mult * plane_out;
     let tasks = p.batch * p.groups;
+    let scratch_len = layout.copy_len + layout.flat_len;
     if threads_for(p) > 1 && tasks > 1 {
         let per = MIN_TASK_ELEMENTS.div_ceil(block).max(1);
+        // A zeroed buffer per piece of work rayon hands a thread.
         output
             .par_chunks_mut(block)
             .enumerate()
             .with_min_len(per)
-            .try_for_each(|(t, out)| task(t, out))
+            .try_for_each_init(
+                || try_zeroed_vec::<T>(scratch_len, "depthwise plane copy"),
+                |buf, (t, out)| {
+                    let buf = buf.as_mut().map_err(|e| e.clone())?;
+                    task(buf, t, out);
+                    Ok(())
+                },
+            )
     } else {
-        output
-            .chunks_mut(block)
-            .enumerate()
-            .try_for_each(|(t, out)| task(t, out))
+        with_scratch::<T, _>(scratch_len, |scratch| {
+            scratch[..layout.copy_len].fill(T::zero());
+            for (t, out) in output.chunks_mut(block).enumerate() {
+                task(scratch, t, out);
+            }
+        })
     }
 }
 
 /// Writes the zero-padded, phase-split copy of the plane `src` into `copy`
 /// (of `layout.copy_len` elements): padded pixel `(r, c)` goes to
-/// `copy[((r % sh) * sw + c % sw) * sub_len + (r / sh) * sub_w + c / sw]`;
-/// everything else is zero.
+/// `copy[((r % sh) * sw + c % sw) * sub_len + (r / sh) * sub_w + c / sw]`.
+/// Only those positions are written, the same ones for every plane of `p`:
+/// everything else must already be zero.
 fn fill<T: Float>(p: &Conv2dParams, layout: &Layout, src: &[T], copy: &mut [T]) {
     let (sh, sw) = p.stride;
     let sub_len = layout.sub_h * layout.sub_w;
-    copy.fill(T::zero());
     let (top, left) = (p.padding.top, p.padding.left);
     for (y, row) in src.chunks_exact(p.in_w).enumerate() {
         let r = top + y;
