@@ -81,7 +81,8 @@ def _engine(engine: str, name: str, batch: int, onnx_path: str, threads: int):
     if engine == "ai3":
         import ai3
 
-        model = ai3.convert(net)
+        # The input's shape lets convert prove what it fuses (residual adds).
+        model = ai3.convert(net, sample_input_shape=tuple(x.shape))
         return lambda: model(x).numpy()
     if engine == "ai3_swap":
         import ai3

@@ -378,3 +378,92 @@ def test_broadcast_mismatch_is_a_shape_error():
     with pytest.raises(ai3.ShapeError) as info:
         model(torch.randn(2, 3), torch.randn(4, 3))
     assert "[2, 3]" in str(info.value) and "[4, 3]" in str(info.value)
+
+
+class SkipBlock(nn.Module):
+    """ResNet's block ending: ``act(bn(conv(x)) + skip)``, with the skip computed
+    after the convolution (torchvision's order) when ``downsample`` is set.
+    ``mode`` breaks the fusion: the convolution's output read twice, the
+    activation applied before the add, or a skip that broadcasts."""
+
+    def __init__(self, c: int, k: int, groups: int = 1, downsample: bool = False, mode=""):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, k, padding=k // 2, groups=groups)
+        self.bn = _random_bn(c)
+        self.down = nn.Conv2d(c, c, 1) if downsample else None
+        self.mode = mode
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        skip = self.down(x) if self.down is not None else x
+        if self.mode == "pre_activation":
+            return torch.relu(y) + skip
+        if self.mode == "broadcast":
+            skip = skip.mean((2, 3), keepdim=True)
+        out = torch.relu(skip + y if self.mode == "swapped" else y + skip)
+        return out + y if self.mode == "shared" else out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("algo", ["direct", "smm", "gemm", "winograd", "fft", "default"])
+@pytest.mark.parametrize(
+    "k, groups, downsample, mode",
+    [(1, 1, False, ""), (3, 1, True, ""), (3, 1, False, "swapped"), (3, 6, False, "")],
+    ids=["1x1", "3x3-downsample", "3x3-skip-first", "depthwise"],
+)
+def test_residual_add_fused_into_convolution(k, groups, downsample, mode, algo, dtype):
+    if algo == "winograd" and (k != 3 or groups != 1):
+        pytest.skip("winograd takes 3x3 convolutions without groups only")
+    net = SkipBlock(6, k, groups, downsample, mode).to(dtype).eval()
+    x = torch.randn(2, 6, 9, 7, dtype=dtype)
+    with torch.no_grad():
+        expected = net(x)
+
+    # The downsample (1x1) runs 'default' when winograd is asked for.
+    def select(m, _shape):
+        return algo if algo != "winograd" or m.kernel_size == (3, 3) else "default"
+
+    model = ai3.convert(net, {"conv2d": select}, dtype=dtype, sample_input_shape=(2, 6, 9, 7))
+    assert_close(model(x), expected, dtype)
+    rows = model.summary((2, 6, 9, 7))
+    assert "add" not in [r["op"] for r in rows], rows
+    fused = [r for r in rows if r["op"] == "conv2d" and r["fused"] == "add+relu"]
+    assert len(fused) == 1 and len(fused[0]["input_shapes"]) == 2, rows
+
+
+@pytest.mark.parametrize("mode", ["shared", "pre_activation", "broadcast"])
+def test_residual_add_not_fused_where_it_would_change_the_result(mode):
+    net = SkipBlock(4, 3, mode=mode).eval()
+    x = torch.randn(2, 4, 6, 5)
+    with torch.no_grad():
+        expected = net(x)
+    model = ai3.convert(net, sample_input_shape=(2, 4, 6, 5))
+    assert_close(model(x), expected, torch.float32)
+    rows = model.summary((2, 4, 6, 5))
+    assert "add" in [r["op"] for r in rows], rows
+    assert not any(r["fused"] and "add" in r["fused"] for r in rows), rows
+
+
+def test_residual_add_not_fused_without_known_shapes():
+    """Without a sample shape nothing proves the skip has the output's shape."""
+    net = SkipBlock(4, 3).eval()
+    x = torch.randn(2, 4, 6, 5)
+    model = ai3.convert(net)
+    with torch.no_grad():
+        assert_close(model(x), net(x), torch.float32)
+    assert "add" in [r["op"] for r in model.summary((2, 4, 6, 5))]
+
+
+def test_residual_of_another_shape_is_a_shape_error():
+    """The Rust operation checks the residual it is given, naming both shapes,
+    and adds one of the right shape."""
+    from ai3 import _core
+
+    w = torch.randn(4, 3, 1, 1)
+    m = _core.Model("float32", 2)
+    m.set_outputs([m.add("conv2d", "c", [0, 1], {"weight": w})])
+    x, r = torch.randn(1, 3, 5, 5), torch.randn(1, 4, 5, 5)
+    with pytest.raises(ai3.ShapeError, match=r"conv2d.*\[1, 4, 5, 5\].*\[1, 4, 5, 4\]"):
+        m.run([x, torch.randn(1, 4, 5, 4)])
+    got = torch.from_dlpack(m.run([x, r])[0])
+    assert_close(got, F.conv2d(x, w) + r, torch.float32)

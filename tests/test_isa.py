@@ -1,5 +1,5 @@
 """The CPU feature ladder: every instruction-set level below the best this CPU
-has runs the conv2d and pooling grids against PyTorch, in a process of its own
+has runs the conv2d, pooling and linear grids against PyTorch, in a process of its own
 with ``AI3_CPU_ISA`` capping the level (the level is fixed per process)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_lower_levels_pass_the_conv_and_pool_grids(level):
         str(TESTS / "test_conv2d.py"),
         str(TESTS / "test_layers.py"),
         "-k",
-        "convert and (conv2d or depthwise or pointwise or pool)",
+        "convert and (conv2d or depthwise or pointwise or pool or linear)",
     )
     tail = (got.stdout + got.stderr)[-3000:]
     assert got.returncode == 0, tail

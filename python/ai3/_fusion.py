@@ -1,5 +1,7 @@
 """Convert-time rewrites: BatchNorm folded into the convolution before it,
-activations fused into the convolution, linear, (unfolded) batch norm or
+a residual ``conv(x) + y`` (ResNet's skip) added by the convolution as it
+writes its output, activations fused into the convolution, linear,
+(unfolded) batch norm or
 elementwise arithmetic node that feeds them, and attention written out as
 ``softmax(q @ kᵀ * scale + mask) @ v`` made one ``attention`` node
 (:func:`fuse_attention`, before algorithms are selected, so that selectors
@@ -196,6 +198,33 @@ def _weights(s: Step) -> list[Any]:
     return [s.params.get(k) for k in names]
 
 
+def _residual_conv(lw: Lowerer, steps: list[Step], add: Step) -> tuple[Step, int] | None:
+    """For ``add`` = ``conv(x) + y`` or ``y + conv(x)`` of equal known shapes,
+    where the add is the convolution's only reader and the convolution holds
+    its weights and has no activation yet: the convolution and the index of
+    ``y`` among the add's inputs."""
+    if len(add.inputs) != 2 or add.params:
+        return None
+    shapes = [_shape(lw.canonical(i)) for i in add.inputs]
+    if shapes[0] is None or shapes[0] != shapes[1]:
+        return None
+    readers = _readers(lw, steps)
+    for k in (0, 1):
+        src = lw.canonical(add.inputs[k])
+        conv = next((p for p in steps if p.node is src), None)
+        if (
+            conv is not None
+            and conv.op == "conv2d"
+            and len(conv.inputs) == 1
+            and readers[src] == 1
+            and lw.canonical(add.inputs[1 - k]) is not src
+            and "activation" not in conv.params
+            and all(isinstance(w, torch.Tensor) or w is None for w in _weights(conv))
+        ):
+            return conv, 1 - k
+    return None
+
+
 def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
     """Folds and fuses in place; returns the steps that still run.
     ``algo_of`` maps ``id(step)`` to the algorithm chosen for it."""
@@ -210,6 +239,18 @@ def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
             _fold(conv, bn)
             lw.kind[bn.node] = Alias(conv.node)
             steps.remove(bn)
+    for add in [s for s in steps if s.op == "add"]:
+        found = _residual_conv(lw, steps, add)
+        if found is None:
+            continue
+        conv, other = found
+        # The convolution moves to the add's place: the residual may be
+        # computed after it (ResNet's downsample branch), and nothing else
+        # reads the convolution's output.
+        conv.inputs.append(add.inputs[other])
+        steps.remove(conv)
+        steps[steps.index(add)] = conv
+        lw.kind[add.node] = Alias(conv.node)
     for act in [s for s in steps if s.op in FUSABLE]:
         prod = _producer(lw, steps, act, PRODUCERS)
         # An activation that runs the user's C++ must stay a node of its own, and

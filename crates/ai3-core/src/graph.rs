@@ -57,6 +57,17 @@ struct Plan {
     parallel: bool,
 }
 
+/// What a summary says was fused into `op`: `"add"` for a residual, the
+/// activation's name, both as `"add+relu"`, or nothing.
+fn fused_name(op: &dyn Operation) -> Option<String> {
+    let residual = op.fused_residual().then(|| OpKind::Add.name().to_string());
+    let activation = op.fused_activation().map(|k| k.name().to_string());
+    match (residual, activation) {
+        (Some(r), Some(a)) => Some(format!("{r}+{a}")),
+        (r, a) => r.or(a),
+    }
+}
+
 /// Elements read and written (graph inputs plus every node's output) from
 /// which a run parks PyTorch's idle OpenMP threads: smaller runs stay on one
 /// thread, and parking would only add its wake-up cost.
@@ -346,7 +357,7 @@ impl Graph {
                     algorithm,
                     input_shapes: refs.iter().map(|s| s.to_vec()).collect(),
                     output_shape: shapes[node.output].clone(),
-                    fused: node.op.fused_activation().map(|k| k.name().to_string()),
+                    fused: fused_name(node.op.as_ref()),
                     workspace_bytes,
                 })
             })

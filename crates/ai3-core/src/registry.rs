@@ -410,7 +410,7 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(
         Conv2d,
         Gemm,
-        "im2col lowering + blocked GEMM; f32 1x1 layers on register tiles, no im2col",
+        "im2col + blocked GEMM; f32 1x1 layers on register tiles",
         always,
         any_problem,
         im2col_workspace,

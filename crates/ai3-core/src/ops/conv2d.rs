@@ -14,7 +14,7 @@ use ai3_kernels::{KernelError, KernelResult};
 
 use super::{
     any_plane_dims, check_positive, check_weight_dtype, custom_result, image_dims, image_shape,
-    kernel_result, single, with_dtype, ActivationKind, Operation,
+    kernel_result, with_dtype, ActivationKind, Operation,
 };
 use crate::error::{Error, Result};
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
@@ -37,8 +37,12 @@ pub struct Conv2d {
     winograd_filter: OnceLock<Tensor>,
     /// Weights and bias packed for direct convolution, once on first use.
     direct_packed: OnceLock<Tensor>,
-    /// Activation fused into the output, applied in place after the kernel.
+    /// Activation fused into the output, applied in place after the kernel
+    /// (and after the residual).
     activation: Option<ActivationKind>,
+    /// Whether the node reads a second input of the output's shape, added to
+    /// the output before the activation (ResNet's skip connection).
+    residual: bool,
 }
 
 impl Conv2d {
@@ -114,6 +118,7 @@ impl Conv2d {
             winograd_filter: OnceLock::new(),
             direct_packed: OnceLock::new(),
             activation: None,
+            residual: false,
         };
         if let Request::Named(algo) = request {
             // An input large enough for any kernel, so only shape-independent
@@ -147,6 +152,50 @@ impl Conv2d {
     /// The fused activation, if any.
     pub fn activation(&self) -> Option<ActivationKind> {
         self.activation
+    }
+
+    /// Makes the layer read a second input, of its output's shape, added to
+    /// the output before the fused activation: `act(conv(x) + residual)`.
+    pub fn with_residual(mut self, residual: bool) -> Self {
+        self.residual = residual;
+        self
+    }
+
+    /// The input and, with a residual, the residual, checked against the
+    /// layer: the residual must have the output's shape.
+    fn split<'a, T: ?Sized>(&self, inputs: &[&'a T]) -> Result<(&'a T, Option<&'a T>)> {
+        match (inputs, self.residual) {
+            ([x], false) => Ok((x, None)),
+            ([x, r], true) => Ok((x, Some(r))),
+            _ => Err(Error::internal(
+                OP.name(),
+                format!(
+                    "expected {} input(s), got {}",
+                    1 + usize::from(self.residual),
+                    inputs.len()
+                ),
+            )),
+        }
+    }
+
+    /// The output shape for input shape `x`, checked against the residual's.
+    fn checked_output_shape(&self, x: &[usize], residual: Option<&[usize]>) -> Result<Vec<usize>> {
+        let (p, batched) = self.params_for(x)?;
+        let out = image_shape(batched, p.batch, p.out_channels, p.out_h(), p.out_w());
+        if let Some(r) = residual {
+            if r != out.as_slice() {
+                return Err(Error::shape(
+                    OP.name(),
+                    format!(
+                        "the residual added to the output must have the output's shape {}, got {} ({})",
+                        shape_str(&out),
+                        shape_str(r),
+                        self.context(x)
+                    ),
+                ));
+            }
+        }
+        Ok(out)
     }
 
     fn in_channels(&self) -> usize {
@@ -305,6 +354,7 @@ impl Conv2d {
         p: &Conv2dParams,
         shape: &[usize],
         x: &[T],
+        residual: Option<&[T]>,
         out: &mut [T],
     ) -> Result<bool> {
         let w = self.weight.as_slice::<T>()?;
@@ -315,7 +365,12 @@ impl Conv2d {
         let algorithm = self.algorithm(p)?;
         let context = || format!("{}, algorithm '{algorithm}'", self.context(shape));
         let activation = self.activation;
-        let epilogue = |s: &mut [T]| {
+        // Output elements `at..at + s.len()`, finished: the residual and the
+        // activation while they are in cache.
+        let epilogue = |at: usize, s: &mut [T]| {
+            if let Some(r) = residual {
+                s.iter_mut().zip(&r[at..]).for_each(|(o, &r)| *o += r);
+            }
             if let Some(a) = activation {
                 a.apply_serial(s)
             }
@@ -423,34 +478,40 @@ impl Operation for Conv2d {
         self.activation.map(|a| a.op_kind())
     }
 
+    fn fused_residual(&self) -> bool {
+        self.residual
+    }
+
     fn algorithm_for(&self, input_shape: &[usize]) -> Result<String> {
         let (p, _) = self.params_for(input_shape)?;
         Ok(self.algorithm(&p)?.name().into())
     }
 
     fn problem(&self, inputs: &[&[usize]]) -> Result<Problem> {
-        Ok(Problem::Conv2d(self.params_for(single(OP, inputs)?)?.0))
+        Ok(Problem::Conv2d(self.params_for(self.split(inputs)?.0)?.0))
     }
 
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
-        let (p, batched) = self.params_for(single(OP, inputs)?)?;
-        Ok(image_shape(
-            batched,
-            p.batch,
-            p.out_channels,
-            p.out_h(),
-            p.out_w(),
-        ))
+        let (x, residual) = self.split(inputs)?;
+        self.checked_output_shape(x, residual)
     }
 
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
-        let x = single(OP, inputs)?;
+        let (x, residual) = self.split(inputs)?;
         check_weight_dtype(OP, "input", x, self.weight.dtype())?;
+        if let Some(r) = residual {
+            check_weight_dtype(OP, "residual", r, self.weight.dtype())?;
+            self.checked_output_shape(x.shape(), Some(r.shape()))?;
+        }
         let (p, _) = self.params_for(x.shape())?;
         let shape = x.shape();
         with_dtype!(x.dtype(), T, {
+            let r = match residual {
+                Some(r) => Some(r.as_slice::<T>()?),
+                None => None,
+            };
             let fused = if self.padding_mode == PadMode::Zeros {
-                self.run::<T>(&p, shape, x.as_slice()?, output.as_mut_slice()?)?
+                self.run::<T>(&p, shape, x.as_slice()?, r, output.as_mut_slice()?)?
             } else {
                 let (_, c, h, w, _) = image_dims(OP, shape)?;
                 let mut padded =
@@ -473,10 +534,16 @@ impl Operation for Conv2d {
                     padded.as_mut_slice()?,
                 );
                 kernel_result(OP, filled, || self.context(shape))?;
-                self.run::<T>(&p, shape, padded.as_slice()?, output.as_mut_slice()?)?
+                self.run::<T>(&p, shape, padded.as_slice()?, r, output.as_mut_slice()?)?
             };
-            if let (Some(a), false) = (self.activation, fused) {
-                a.apply_inplace::<T>(output.as_mut_slice()?);
+            if !fused {
+                let out = output.as_mut_slice::<T>()?;
+                if let Some(r) = r {
+                    out.iter_mut().zip(r).for_each(|(o, &r)| *o += r);
+                }
+                if let Some(a) = self.activation {
+                    a.apply_inplace::<T>(out);
+                }
             }
         });
         Ok(())
@@ -503,9 +570,10 @@ fn pad_mode(name: &str) -> Result<PadMode> {
 
 /// `conv2d`: `weight` `[out_channels, in_channels / groups, kh, kw]`, optional
 /// `bias`, `stride`, `padding` `[top, bottom, left, right]`, `dilation`,
-/// `groups`, `padding_mode` (PyTorch's), and a fused `activation`.
+/// `groups`, `padding_mode` (PyTorch's), and a fused `activation`. A second
+/// input, of the output's shape, is a residual added before the activation.
 pub const SPEC: OpSpec = OpSpec {
-    inputs: Arity::exactly(1),
+    inputs: Arity::between(1, 2),
     params: &[
         required("weight", K::Tensor),
         optional("bias", K::Tensor),
@@ -536,7 +604,11 @@ pub const SPEC: OpSpec = OpSpec {
             pad_mode(a.str_or("padding_mode", "zeros")?)?,
             a.request,
         )?;
-        Ok(Box::new(conv.with_activation(a.activation("activation")?)))
+        let residual = a.num_inputs == 2;
+        Ok(Box::new(
+            conv.with_activation(a.activation("activation")?)
+                .with_residual(residual),
+        ))
     },
 };
 

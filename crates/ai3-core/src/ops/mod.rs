@@ -79,6 +79,11 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn fused_activation(&self) -> Option<OpKind> {
         None
     }
+    /// Whether this node adds a residual (a second input) to its output at
+    /// convert time, for summaries.
+    fn fused_residual(&self) -> bool {
+        false
+    }
     /// Computes `output` from `inputs`.
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()>;
 }

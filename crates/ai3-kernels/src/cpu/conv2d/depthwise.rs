@@ -45,8 +45,8 @@ pub fn applies(p: &Conv2dParams) -> bool {
 }
 
 /// A function applied in place to each finished output plane (a fused
-/// activation); it must work on any slice.
-pub type Epilogue<'a, T> = &'a (dyn Fn(&mut [T]) + Sync);
+/// residual and activation): `f(at, s)` gets output elements `at..at + s.len()`.
+pub type Epilogue<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
 
 /// Geometry of the padded, phase-split copy of one input plane and of the
 /// flat output run.
@@ -138,7 +138,7 @@ pub fn conv2d<T: Float>(
                 row.copy_from_slice(&flat[y * layout.sub_w..][..ow]);
             }
             if let Some(e) = epilogue {
-                e(plane);
+                e((t * mult + j) * plane_out, plane);
             }
         }
     };
@@ -312,9 +312,18 @@ mod tests {
         let b: Vec<T> = (0..p.out_channels).map(|i| val(i + 5)).collect();
         let mut want = vec![T::zero(); p.output_len()];
         direct::conv2d(p, &x, &w, Some(&b), &mut want).unwrap();
-        want.iter_mut().for_each(|v| *v = v.max(T::zero()));
+        // The epilogue adds a residual (the output's index, which checks the
+        // offsets it is given) and applies ReLU.
+        let r = |i: usize| T::from_f64(i as f64 * 1e-3).unwrap();
+        want.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (*v + r(i)).max(T::zero()));
         let mut got = vec![T::nan(); p.output_len()];
-        let relu = |s: &mut [T]| s.iter_mut().for_each(|v| *v = v.max(T::zero()));
+        let relu = |at: usize, s: &mut [T]| {
+            for (i, v) in s.iter_mut().enumerate() {
+                *v = (*v + r(at + i)).max(T::zero());
+            }
+        };
         conv2d(p, &x, &w, Some(&b), &mut got, Some(&relu)).unwrap();
         for (i, (g, e)) in got.iter().zip(&want).enumerate() {
             let d = (*g - *e).abs().to_f64().unwrap();

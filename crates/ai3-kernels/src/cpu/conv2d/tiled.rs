@@ -39,9 +39,9 @@ const KC: usize = 128;
 /// Tasks per thread to aim for, so uneven tasks still balance.
 const TASKS_PER_THREAD: usize = 4;
 
-/// A function applied in place to finished output (a fused activation); it
-/// must work on any slice.
-pub type Epilogue<'a, T> = &'a (dyn Fn(&mut [T]) + Sync);
+/// A function applied in place to finished output (a fused residual and
+/// activation): `f(at, s)` gets output elements `at..at + s.len()`.
+pub type Epilogue<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
 
 /// Whether [`conv2d`] runs with elements of type `T`: f32 on a CPU with a
 /// register tile (AVX2 or AVX-512). It takes any kernel, stride, padding,
@@ -105,8 +105,10 @@ pub fn conv2d<T: Float>(
         };
         // SAFETY: as above; the epilogue takes f32 slices.
         let epilogue = epilogue.map(|f| {
-            move |s: &mut [f32]| {
-                f(unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<T>(), s.len()) })
+            move |at: usize, s: &mut [f32]| {
+                f(at, unsafe {
+                    std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<T>(), s.len())
+                })
             }
         });
         let epilogue = epilogue.as_ref().map(|f| f as Epilogue<f32>);
@@ -271,9 +273,10 @@ fn gemm(
             }
             if let Some(f) = epilogue {
                 for o in o0..o1 {
+                    let at = out_base + o * hw + c0;
                     // SAFETY: this task's finished block, as above.
-                    f(unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.0.add(out_base + o * hw + c0), width)
+                    f(at, unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.0.add(at), width)
                     });
                 }
             }
@@ -386,9 +389,17 @@ mod tests {
                 let b = with_bias.then_some(&b[..]);
                 let mut want = vec![0.0f32; p.output_len()];
                 gemm::conv2d(&p, &x, &w, b, &mut want).unwrap();
-                want.iter_mut().for_each(|v| *v = v.max(0.0));
+                want.iter_mut().for_each(|v| *v += 1.0);
                 let mut got = vec![f32::NAN; p.output_len()];
-                let relu = |s: &mut [f32]| s.iter_mut().for_each(|v| *v = v.max(0.0));
+                // The epilogue adds a residual (the output's index) and applies ReLU.
+                want.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = (*v - 1.0 + i as f32 * 1e-3).max(0.0));
+                let relu = |at: usize, s: &mut [f32]| {
+                    for (i, v) in s.iter_mut().enumerate() {
+                        *v = (*v + (at + i) as f32 * 1e-3).max(0.0);
+                    }
+                };
                 conv2d(&p, &x, &w, b, &mut got, Some(&relu)).unwrap();
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     assert!(
