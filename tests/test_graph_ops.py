@@ -467,3 +467,15 @@ def test_residual_of_another_shape_is_a_shape_error():
         m.run([x, torch.randn(1, 4, 5, 4)])
     got = torch.from_dlpack(m.run([x, r])[0])
     assert_close(got, F.conv2d(x, w) + r, torch.float32)
+
+
+def test_residual_fused_convolution_under_auto():
+    """'auto' times the fused convolution as a node of its own, residual input included."""
+    net = SkipBlock(4, 3, downsample=True).eval()
+    x = torch.randn(2, 4, 6, 5)
+    with torch.no_grad():
+        expected = net(x)
+    model = ai3.convert(net, {"conv2d": ai3.Auto(cache=False)}, sample_input_shape=(2, 4, 6, 5))
+    assert_close(model(x), expected, torch.float32)
+    rows = model.summary((2, 4, 6, 5))
+    assert [r["fused"] for r in rows if r["op"] == "conv2d"].count("add+relu") == 1, rows
