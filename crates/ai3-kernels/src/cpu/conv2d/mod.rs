@@ -143,6 +143,12 @@ where
     }
 }
 
+/// A function the kernels that fuse their epilogue (depthwise, tiled) apply
+/// in place to finished output, a block at a time while it is in cache (a
+/// residual and an activation): `f(at, s)` gets output elements
+/// `at..at + s.len()`.
+pub type Epilogue<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
+
 /// A raw output pointer shared by tasks that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 pub(crate) struct SharedMut<T>(pub *mut T);

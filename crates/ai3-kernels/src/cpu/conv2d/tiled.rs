@@ -18,7 +18,7 @@ use std::any::TypeId;
 
 use rayon::prelude::*;
 
-use super::{threads_for, valid_range, SharedMut};
+use super::{threads_for, valid_range, Epilogue, SharedMut};
 use crate::alloc::{check_len, KernelError, KernelResult};
 use crate::cpu::scratch::with_scratch;
 use crate::params::Conv2dParams;
@@ -38,10 +38,6 @@ const KC: usize = 128;
 
 /// Tasks per thread to aim for, so uneven tasks still balance.
 const TASKS_PER_THREAD: usize = 4;
-
-/// A function applied in place to finished output (a fused residual and
-/// activation): `f(at, s)` gets output elements `at..at + s.len()`.
-pub type Epilogue<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
 
 /// Whether [`conv2d`] runs with elements of type `T`: f32 on a CPU with a
 /// register tile (AVX2 or AVX-512). It takes any kernel, stride, padding,
