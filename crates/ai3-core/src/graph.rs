@@ -53,7 +53,8 @@ struct Plan {
     offsets: Vec<Option<usize>>,
     arena_bytes: usize,
     intermediate_bytes: usize,
-    /// Enough work for kernels to go parallel (see [`PARALLEL_WORK`]).
+    /// Enough work to spread over ai3's pool (see [`PARALLEL_WORK`]); else
+    /// the run stays on the calling thread.
     parallel: bool,
 }
 
@@ -68,10 +69,13 @@ fn fused_name(op: &dyn Operation) -> Option<String> {
     }
 }
 
-/// Elements read and written (graph inputs plus every node's output) from
-/// which a run parks PyTorch's idle OpenMP threads: smaller runs stay on one
-/// thread, and parking would only add its wake-up cost.
-const PARALLEL_WORK: usize = 1 << 15;
+/// Work (the sum of every node's [`Operation::work`], in multiply-adds)
+/// from which a run goes to ai3's pool, parking PyTorch's idle OpenMP
+/// threads. Smaller runs stay on the calling thread, alone: handing the work
+/// to the pool and back wakes two or three sleeping threads, tens of
+/// microseconds on a virtual machine, more than a second thread saves on a
+/// run of under about 80 us.
+const PARALLEL_WORK: usize = 1 << 21;
 
 /// Plans kept per graph. A transformer meets a new shape for every sequence
 /// length: the least recently used plan goes, one at a time, never all at once.
@@ -445,11 +449,13 @@ impl Graph {
             offsets[v] = Some(off);
         }
         // Saturating: only compared with a threshold.
-        let numel = |s: &[usize]| s.iter().fold(1usize, |a, &d| a.saturating_mul(d));
-        let work: usize = input_shapes
+        let work: usize = self
+            .nodes
             .iter()
-            .map(|s| numel(s))
-            .chain(self.nodes.iter().map(|n| numel(&shapes[n.output])))
+            .map(|n| {
+                let ins: Vec<&[usize]> = n.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
+                n.op.work(&ins)
+            })
             .fold(0, usize::saturating_add);
         Ok(Plan {
             parallel: work >= PARALLEL_WORK,
@@ -605,7 +611,8 @@ impl Graph {
     }
 
     /// Checks the inputs, then runs `f` with the plan for their shapes and a
-    /// pooled arena, inside ai3's thread pool.
+    /// pooled arena, inside ai3's thread pool (on the calling thread alone
+    /// for small runs).
     fn with_arena<R>(
         &self,
         inputs: &[Tensor],
@@ -622,7 +629,7 @@ impl Graph {
         let result = if plan.parallel {
             crate::threads::install_parking_openmp(run)
         } else {
-            crate::threads::install(run)
+            crate::threads::run_on_caller(run)
         };
         self.return_arena(arena);
         result
@@ -788,6 +795,27 @@ mod tests {
         assert_eq!(out[0].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
         // The first intermediate is also an output, so it must not live in the arena.
         assert_eq!(out[1].as_slice::<f32>().unwrap(), &[0.0, 2.0, 0.0, 4.0]);
+    }
+
+    #[test]
+    fn only_runs_with_enough_work_go_to_the_pool() {
+        let g = relu_chain();
+        // 8 per element of each node: 3 x 8 x 4 elements.
+        assert!(!g.make_plan(&[vec![1, 2, 2]]).unwrap().parallel);
+        assert!(g.make_plan(&[vec![1, 512, 512]]).unwrap().parallel);
+        // A product counts its multiply-adds, not the elements it touches:
+        // 64 x 64 x 64 x 16 = 4Mi, from 128Ki elements.
+        let mut mm = Graph::new(DType::F32, 2);
+        let p = mm
+            .push("mm", Box::new(crate::ops::Matmul), vec![0, 1])
+            .unwrap();
+        mm.set_outputs(vec![p]).unwrap();
+        assert!(
+            mm.make_plan(&[vec![16, 64, 64], vec![64, 64]])
+                .unwrap()
+                .parallel
+        );
+        assert!(!mm.make_plan(&[vec![4, 4], vec![4, 4]]).unwrap().parallel);
     }
 
     #[test]

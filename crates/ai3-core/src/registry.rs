@@ -117,6 +117,26 @@ pub enum Problem {
     },
 }
 
+impl Problem {
+    /// Rough cost in multiply-adds, saturating: those of a convolution, a
+    /// linear layer or attention, and for other operations 8 per element
+    /// (their time goes to memory traffic, about that of 8 multiply-adds in
+    /// a GEMM). It only decides whether a run is worth spreading over threads.
+    pub fn work(&self) -> usize {
+        match self {
+            Problem::Conv2d(p) => p.macs(),
+            Problem::Linear(p) => p
+                .rows
+                .saturating_mul(p.in_features)
+                .saturating_mul(p.out_features),
+            Problem::Attention(p) => [p.heads, p.q_len, p.kv_len, p.head_dim + p.v_dim]
+                .iter()
+                .fold(p.batch, |a, &d| a.saturating_mul(d)),
+            Problem::Elementwise { numel } => numel.saturating_mul(8),
+        }
+    }
+}
+
 /// One row of the registry.
 pub struct AlgorithmInfo {
     /// The operation.

@@ -109,6 +109,46 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
 }
 
+thread_local! {
+    /// This thread's pool of one: the thread itself as its only worker (see
+    /// [`run_on_caller`]). Built on first use; `None` when this thread is
+    /// already a worker of another pool (ai3's, or another library's).
+    static CALLER_POOL: Option<rayon::ThreadPool> = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .use_current_thread()
+        .build()
+        .ok();
+}
+
+/// Runs `f` on the calling thread alone, waking no other thread: its
+/// kernels see one thread (`rayon::current_num_threads()` is 1 there, and
+/// their parallel loops run in place). For runs too small to pay for handing
+/// the work to the pool and back, two thread switches that cost more than a
+/// small layer's whole computation.
+///
+/// The calling thread becomes, once and for good, the only worker of a pool
+/// of its own. rayon never frees such a pool's bookkeeping (a few kilobytes
+/// per thread that ever calls this). A forked child keeps a working pool: it
+/// has no thread besides the one that forked. Called from a worker of
+/// another pool (a nested run), `f` runs in place in that pool.
+pub fn run_on_caller<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let mut f = Some(f);
+    let ran = CALLER_POOL
+        .try_with(|pool| {
+            pool.as_ref()
+                .map(|pool| pool.install(f.take().expect("not run yet")))
+        })
+        .ok()
+        .flatten();
+    match (ran, f) {
+        (Some(r), _) => r,
+        // Another pool's worker (its threads run `f`'s parallel loops), or a
+        // thread being torn down.
+        (None, Some(f)) => f(),
+        (None, None) => unreachable!("run_on_caller: the work ran but returned nothing"),
+    }
+}
+
 /// The GNU OpenMP ABI's `GOMP_parallel(fn, data, num_threads, flags)`: runs
 /// `fn(data)` on every thread of a new team (`num_threads` 0: the default
 /// count) and returns when all have finished. LLVM's and Intel's OpenMP
@@ -421,6 +461,32 @@ mod tests {
         assert!(!park_openmp(false));
         assert_eq!(install_parking_openmp(|| 3), 3);
         assert_eq!(TEAMS.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn work_on_the_caller_runs_on_that_thread_alone() {
+        let caller = std::thread::current().id();
+        let (threads, ids) = run_on_caller(|| {
+            use rayon::prelude::*;
+            let ids: Vec<_> = (0..64)
+                .into_par_iter()
+                .map(|_| std::thread::current().id())
+                .collect();
+            (rayon::current_num_threads(), ids)
+        });
+        assert_eq!(threads, 1);
+        assert!(ids.iter().all(|&id| id == caller));
+        // The thread can still hand work to ai3's pool afterwards, and a run
+        // nested in the pool stays in the pool.
+        let (pool_thread, nested) = install(|| {
+            let here = std::thread::current().id();
+            (here, run_on_caller(|| std::thread::current().id()))
+        });
+        assert_ne!(pool_thread, caller);
+        assert_eq!(nested, pool_thread);
+        // A fresh thread gets a pool of its own.
+        let other = std::thread::spawn(|| run_on_caller(rayon::current_num_threads)).join();
+        assert_eq!(other.unwrap(), 1);
     }
 
     #[test]

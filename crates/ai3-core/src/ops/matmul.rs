@@ -123,6 +123,15 @@ impl Operation for Matmul {
     fn algorithm_for(&self, _: &[usize]) -> Result<String> {
         Ok(Algorithm::Gemm.name().into())
     }
+    fn work(&self, inputs: &[&[usize]]) -> usize {
+        let Ok(p) = operands(inputs).and_then(|(a, b)| plan(a, b)) else {
+            return 0;
+        };
+        let (m, k, n) = p.mkn;
+        [m, k, n]
+            .iter()
+            .fold(p.offsets.len(), |a, &d| a.saturating_mul(d))
+    }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         let (a, b) = operands(inputs)?;
         Ok(plan(a, b)?.out)

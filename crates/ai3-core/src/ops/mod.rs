@@ -73,6 +73,12 @@ pub trait Operation: Send + Sync + fmt::Debug {
         let numel = inputs.first().map_or(0, |s| s.iter().product());
         Ok(Problem::Elementwise { numel })
     }
+    /// Rough cost for inputs of these shapes (see [`Problem::work`]), which
+    /// decides whether a run is worth spreading over threads; by default the
+    /// problem's. Operations whose problem understates their cost override it.
+    fn work(&self, inputs: &[&[usize]]) -> usize {
+        self.problem(inputs).map_or(0, |p| p.work())
+    }
     /// The output shape for these input shapes, or an error naming the shapes.
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>>;
     /// The activation fused into this node at convert time, for summaries.
