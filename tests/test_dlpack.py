@@ -60,6 +60,19 @@ def test_dlpack_exported_tensor_outlives_everything():
     assert torch.equal(y, expected + 1.0)
 
 
+@pytest.mark.parametrize("view", ["contiguous", "transposed", "sliced"])
+def test_dlpack_capsule_is_borrowed_once(view):
+    # The Python side hands torch tensors over as capsules (quicker than
+    # __dlpack__); a capsule is consumed by the import and cannot be used twice.
+    x = _views(torch.float32)[view]
+    capsule = torch.utils.dlpack.to_dlpack(x)
+    seen, out, _ = _core.dlpack_roundtrip(capsule)
+    assert seen == x.data_ptr()
+    assert torch.equal(torch.from_dlpack(out), x)
+    with pytest.raises(TypeError, match="got a capsule that is not an unused 'dltensor'"):
+        _core.dlpack_roundtrip(capsule)
+
+
 def test_dlpack_rejects_unsupported_dtype():
     with pytest.raises(ai3.DtypeError):
         _core.dlpack_roundtrip(torch.zeros(3, dtype=torch.int64))

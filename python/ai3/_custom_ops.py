@@ -15,6 +15,7 @@ from typing import Any, List, Optional  # torch.library's schema inference needs
 import torch
 
 from . import _core, threads
+from .tensor import _borrowed
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
@@ -140,7 +141,7 @@ def _run(op: str, x: torch.Tensor, weights: dict, algorithm: str, **params: Any)
 
     config = (algorithm, *sorted(params.items()))
     model = _model_for(op, name, build, tuple(weights.values()), config)
-    return torch.from_dlpack(model.run([x.detach()])[0])
+    return torch.from_dlpack(model.run([_borrowed(x.detach())])[0])
 
 
 def _out_len(size: int, k: int, s: int, p: int, d: int, ceil: bool = False) -> int:

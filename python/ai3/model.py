@@ -15,7 +15,7 @@ from ._export import index_input
 from .autotune.plan import Plan
 from .autotune.resolve import plan_layers, resolve, rows_by_node
 from .errors import DeviceError, Error, InvalidArgumentError
-from .tensor import Tensor, _check_out_type
+from .tensor import Tensor, _borrowed, _check_out_type
 
 __all__ = ["Model", "Summary"]
 
@@ -220,7 +220,7 @@ class Model:
         prepared, shapes = self._prepare(inputs, stacklevel=4)  # _prepare, _run, caller, user
         if self._recipe.get("pending"):
             self._decide(shapes)
-        capsules = self._core.run(prepared)
+        capsules = self._core.run([_borrowed(x) for x in prepared])
         # Only after a successful run, so that repr never shows shapes the model rejected.
         self._last_shapes = shapes[: len(inputs)]
         return [torch.from_dlpack(c) for c in capsules]

@@ -92,28 +92,37 @@ fn dtype_name(dt: DLDataType) -> String {
     format!("{kind}{}", dt.bits)
 }
 
-/// Imports any DLPack producer (a torch tensor) as a borrowed tensor, no copy.
+/// Imports any DLPack producer (a torch tensor), or a `"dltensor"` capsule
+/// one made (`torch.utils.dlpack.to_dlpack(x)`, ten times quicker to get
+/// than `x.__dlpack__()`), as a borrowed tensor, no copy. A capsule is
+/// consumed: it cannot be imported twice.
 ///
 /// `op` names the operation in errors about unsupported dtypes or devices.
 pub fn import(obj: &Bound<'_, PyAny>, op: &str) -> PyResult<Tensor> {
-    let capsule = obj.call_method0("__dlpack__").map_err(|e| {
-        PyTypeError::new_err(format!(
-            "{op}: expected a tensor supporting DLPack (__dlpack__), got {}: {e}",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })?;
-    let capsule = capsule.cast_into::<PyCapsule>().map_err(|_| {
-        PyTypeError::new_err(format!("{op}: __dlpack__() did not return a capsule"))
-    })?;
+    let (capsule, came_from) = match obj.cast::<PyCapsule>() {
+        Ok(capsule) => (capsule.clone(), "got a capsule"),
+        Err(_) => {
+            let made = obj.call_method0("__dlpack__").map_err(|e| {
+                PyTypeError::new_err(format!(
+                    "{op}: expected a tensor supporting DLPack (__dlpack__), got {}: {e}",
+                    obj.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            })?;
+            let capsule = made.cast_into::<PyCapsule>().map_err(|_| {
+                PyTypeError::new_err(format!("{op}: __dlpack__() did not return a capsule"))
+            })?;
+            (capsule, "__dlpack__() returned a capsule")
+        }
+    };
     // SAFETY: checked to be a capsule; the name check makes the pointer a DLManagedTensor.
     let managed = unsafe {
         let raw = capsule.as_ptr();
         if ffi::PyCapsule_IsValid(raw, DLTENSOR.as_ptr()) != 1 {
             return Err(PyTypeError::new_err(format!(
-                "{op}: __dlpack__() returned a capsule that is not an unused 'dltensor'"
+                "{op}: {came_from} that is not an unused 'dltensor'"
             )));
         }
         let ptr = ffi::PyCapsule_GetPointer(raw, DLTENSOR.as_ptr()) as *mut DLManagedTensor;
