@@ -186,70 +186,87 @@ fn im2col<T: Float>(
     col: &mut [T],
     parallel: bool,
 ) {
-    let (oh, ow) = (p.out_h(), p.out_w());
-    let (kh, kw) = (p.kernel_h, p.kernel_w);
-    let plane_in = p.in_h * p.in_w;
-    let fill_row = |r: usize, dst: &mut [T]| {
-        let c = r / (kh * kw);
-        let ky = (r / kw) % kh;
-        let kx = r % kw;
-        let plane = &img[c * plane_in..][..plane_in];
-        let (y0, y1) = valid_range(oh, p.in_h, p.stride.0, ky * p.dilation.0, p.padding.top);
-        let (x0, x1) = valid_range(ow, p.in_w, p.stride.1, kx * p.dilation.1, p.padding.left);
-        let mut pos = c0;
-        let end = c0 + width;
-        // Walk the block one output row segment at a time so each segment is
-        // a strided copy with zero runs at its ends.
-        while pos < end {
-            let y = pos / ow;
-            let xs = pos % ow;
-            let xe = ow.min(xs + (end - pos));
-            let seg = &mut dst[pos - c0..pos - c0 + (xe - xs)];
-            if y < y0 || y >= y1 {
-                seg.fill(T::zero());
-            } else {
-                let iy = y * p.stride.0 + ky * p.dilation.0 - p.padding.top;
-                let row = &plane[iy * p.in_w..][..p.in_w];
-                let a = x0.clamp(xs, xe);
-                let b = x1.clamp(a, xe);
-                seg[..a - xs].fill(T::zero());
-                if a < b {
-                    let ix0 = a * p.stride.1 + kx * p.dilation.1 - p.padding.left;
-                    let dst = &mut seg[a - xs..b - xs];
-                    match p.stride.1 {
-                        1 => dst.copy_from_slice(&row[ix0..ix0 + (b - a)]),
-                        // A constant stride lets the compiler vectorise the gather.
-                        2 => strided_copy::<T, 2>(dst, &row[ix0..]),
-                        s => {
-                            for (d, &v) in dst.iter_mut().zip(row[ix0..].iter().step_by(s)) {
-                                *d = v;
-                            }
-                        }
-                    }
-                }
-                seg[b - xs..].fill(T::zero());
-            }
-            pos += xe - xs;
-        }
-    };
     if parallel {
         col.par_chunks_mut(width)
             .enumerate()
-            .for_each(|(r, dst)| fill_row(r, dst));
+            .for_each(|(r, dst)| im2col_row(p, img, r, c0, dst));
     } else {
         col.chunks_mut(width)
             .enumerate()
-            .for_each(|(r, dst)| fill_row(r, dst));
+            .for_each(|(r, dst)| im2col_row(p, img, r, c0, dst));
+    }
+}
+
+/// Row `r` of one image and group's unrolled patches (`r` = (input channel,
+/// ky, kx); `img` holds the group's input planes) for output positions
+/// `c0 .. c0 + dst.len()` (flattened `y * out_w + x`), into `dst`; zero where
+/// the tap falls in the padding.
+pub(super) fn im2col_row<T: Float>(
+    p: &Conv2dParams,
+    img: &[T],
+    r: usize,
+    c0: usize,
+    dst: &mut [T],
+) {
+    let (oh, ow) = (p.out_h(), p.out_w());
+    let (kh, kw) = (p.kernel_h, p.kernel_w);
+    let plane_in = p.in_h * p.in_w;
+    let c = r / (kh * kw);
+    let ky = (r / kw) % kh;
+    let kx = r % kw;
+    let plane = &img[c * plane_in..][..plane_in];
+    let (y0, y1) = valid_range(oh, p.in_h, p.stride.0, ky * p.dilation.0, p.padding.top);
+    let (x0, x1) = valid_range(ow, p.in_w, p.stride.1, kx * p.dilation.1, p.padding.left);
+    let mut pos = c0;
+    let end = c0 + dst.len();
+    // Walk the block one output row segment at a time so each segment is
+    // a strided copy with zero runs at its ends.
+    while pos < end {
+        let y = pos / ow;
+        let xs = pos % ow;
+        let xe = ow.min(xs + (end - pos));
+        let seg = &mut dst[pos - c0..pos - c0 + (xe - xs)];
+        if y < y0 || y >= y1 {
+            seg.fill(T::zero());
+        } else {
+            let iy = y * p.stride.0 + ky * p.dilation.0 - p.padding.top;
+            let row = &plane[iy * p.in_w..][..p.in_w];
+            let a = x0.clamp(xs, xe);
+            let b = x1.clamp(a, xe);
+            seg[..a - xs].fill(T::zero());
+            if a < b {
+                let ix0 = a * p.stride.1 + kx * p.dilation.1 - p.padding.left;
+                let dst = &mut seg[a - xs..b - xs];
+                match p.stride.1 {
+                    1 => dst.copy_from_slice(&row[ix0..ix0 + (b - a)]),
+                    // A constant stride lets the compiler vectorise the gather.
+                    2 => strided_copy::<T, 2>(dst, &row[ix0..]),
+                    s => {
+                        for (d, &v) in dst.iter_mut().zip(row[ix0..].iter().step_by(s)) {
+                            *d = v;
+                        }
+                    }
+                }
+            }
+            seg[b - xs..].fill(T::zero());
+        }
+        pos += xe - xs;
     }
 }
 
 /// `dst[i] = src[i * S]` for every `i` in `dst`.
 #[inline(always)]
 fn strided_copy<T: Float, const S: usize>(dst: &mut [T], src: &[T]) {
-    let src = &src[..(dst.len() - 1) * S + 1];
-    for (i, d) in dst.iter_mut().enumerate() {
-        *d = src[i * S];
+    let Some((last, body)) = dst.split_last_mut() else {
+        return;
+    };
+    // Exact chunks of a constant length: no bounds check per element, so
+    // the loop vectorises (loads and shuffles).
+    let src = &src[..body.len() * S + 1];
+    for (d, s) in body.iter_mut().zip(src.chunks_exact(S)) {
+        *d = s[0];
     }
+    *last = src[body.len() * S];
 }
 
 #[cfg(test)]

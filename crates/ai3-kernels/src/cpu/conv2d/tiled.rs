@@ -1,25 +1,31 @@
-//! The GEMM algorithm's f32 path for 1x1 layers (see [`applies`]) on the
-//! [register tiles](crate::cpu::tile), im2col never materialised.
+//! The GEMM algorithm's f32 path (see [`applies`] for the layers it takes)
+//! on the [register tiles](crate::cpu::tile), im2col never materialised whole.
 //!
 //! For each `(image, group)`, `out[ocg, hw] = W[ocg, K] @ cols[K, hw]`, with
 //! `K = icg * kh * kw`: the weight is `A` in PyTorch's own layout, and `cols`
-//! (the unrolled patches) is only ever built a block at a time, straight
-//! into the column panels the tile reads (`[kc][nr]` each). A 1x1 layer with
-//! stride 1 and no padding copies its input rows as they lie. Tasks are
-//! blocks of output pixels times blocks of output channels; each task's
-//! output block starts from the bias in registers and gets the fused
-//! epilogue (an activation) as soon as it is finished, while it is in cache.
+//! (the unrolled patches) is built a block of output pixels (a *job*) at a
+//! time, straight into the column panels the tile reads (`[kc][nr]` each).
+//! A 1x1 layer with stride 1 and no padding copies its input rows as they
+//! lie. Tasks are jobs times blocks of output channels; each task's output
+//! block starts from the bias in registers and gets the fused epilogue
+//! (residual, activation) as soon as it is finished, while it is in cache.
+//!
+//! Columns that must be unrolled (larger or strided kernels) are packed once
+//! per job: by the task that owns the whole job when there are enough jobs
+//! for the threads, else by all threads together before the channel blocks
+//! share them ([`shared_columns`]). Rows read in place are cheap enough to
+//! copy again per channel block.
 //!
 //! Within a task the reduction runs in blocks of [`KC`]; each row of tiles
-//! then passes over the task's pixels, so a layer's weights (most of what
-//! the late, small-image layers read) come from memory once per pixel block.
+//! then passes over the job's pixels, so a layer's weights (most of what
+//! the late, small-image layers read) come from memory once per job.
 
 use std::any::TypeId;
 
 use rayon::prelude::*;
 
-use super::{threads_for, valid_range, Epilogue, SharedMut};
-use crate::alloc::{check_len, KernelError, KernelResult};
+use super::{threads_for, Epilogue, SharedMut};
+use crate::alloc::{check_len, try_zeroed_vec, KernelError, KernelResult};
 use crate::cpu::scratch::with_scratch;
 use crate::params::Conv2dParams;
 use crate::Float;
@@ -47,13 +53,24 @@ pub fn supports<T: Float>() -> bool {
 }
 
 /// Whether the GEMM algorithm should run `p` here rather than on im2col and
-/// the `gemm` crate: 1x1 kernels, whose columns are a copy of the input
-/// (any stride or padding). Larger kernels unroll the same patches once per
-/// block of output channels here, which measured slower on ResNet-50's
-/// strided 3x3 layers (256 -> 256 at 28x28: 4.0 against 1.8 ms) and on RGB
-/// input layers than im2col + GEMM or direct convolution.
+/// the `gemm` crate: 1x1 kernels, whose columns are a copy of the input (any
+/// stride or padding), and larger kernels when there are enough blocks of
+/// output pixels for every thread to unroll its own columns (64 -> 64 3x3 at
+/// 56x56: 1.9-2.7 ms against 2.5-3.6 ms for im2col + GEMM, 2 threads). With
+/// fewer, the columns are unrolled once and shared, which measured slower
+/// than im2col + GEMM on ResNet-50's strided 3x3 layers (128 -> 128 at 56x56:
+/// 3.4-3.8 against 3.0-3.5 ms).
 pub fn applies<T: Float>(p: &Conv2dParams) -> bool {
-    supports::<T>() && p.kernel_h == 1 && p.kernel_w == 1
+    supports::<T>() && {
+        #[cfg(target_arch = "x86_64")]
+        let own = Kernel::get().is_some_and(|k| {
+            let l = Layout::new(k, p);
+            !l.shares_columns(l.jobs(p), threads_for(p))
+        });
+        #[cfg(not(target_arch = "x86_64"))]
+        let own = false;
+        (p.kernel_h == 1 && p.kernel_w == 1) || own
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -115,47 +132,200 @@ pub fn conv2d<T: Float>(
     Ok(())
 }
 
-/// Row `k` of one image and group's unrolled patches (`k` = (input channel,
-/// ky, kx)), output pixels `c0..c0 + dst.len()`, into `dst`; zero where the
-/// window reads padding.
-fn im2col_row(p: &Conv2dParams, img: &[f32], k: usize, c0: usize, dst: &mut [f32]) {
-    let taps = p.kernel_h * p.kernel_w;
-    let (ci, r) = (k / taps, k % taps);
-    let (ky, kx) = (r / p.kernel_w, r % p.kernel_w);
-    let plane = &img[ci * p.in_h * p.in_w..][..p.in_h * p.in_w];
-    let (ow, (sh, sw)) = (p.out_w(), p.stride);
-    let (off_y, off_x) = (ky * p.dilation.0, kx * p.dilation.1);
-    let (lo, hi) = valid_range(ow, p.in_w, sw, off_x, p.padding.left);
-    let mut c = c0;
-    let mut rest = dst;
-    while !rest.is_empty() {
-        let (oy, ox0) = (c / ow, c % ow);
-        let seg = (ow - ox0).min(rest.len());
-        let (d, tail) = rest.split_at_mut(seg);
-        let iy = oy * sh + off_y;
-        if iy < p.padding.top || iy - p.padding.top >= p.in_h {
-            d.fill(0.0);
-        } else {
-            let row = &plane[(iy - p.padding.top) * p.in_w..][..p.in_w];
-            // Columns ox0..ox0+seg: zeros before lo, reads in lo..hi, zeros after.
-            let a = lo.clamp(ox0, ox0 + seg);
-            let b = hi.clamp(a, ox0 + seg);
-            d[..a - ox0].fill(0.0);
-            d[b - ox0..].fill(0.0);
-            if a < b {
-                let first = a * sw + off_x - p.padding.left;
-                let d = &mut d[a - ox0..b - ox0];
-                if sw == 1 {
-                    d.copy_from_slice(&row[first..first + d.len()]);
-                } else {
-                    for (i, v) in d.iter_mut().enumerate() {
-                        *v = row[first + i * sw];
-                    }
-                }
+/// The blocking of one layer: which pixels and output channels each task
+/// covers, and how the columns are packed.
+#[cfg(target_arch = "x86_64")]
+struct Layout {
+    kernel: Kernel,
+    icg: usize,
+    ocg: usize,
+    /// Reduction length: `icg * kh * kw`.
+    kk: usize,
+    plane_in: usize,
+    /// Output pixels per image.
+    hw: usize,
+    /// A 1x1 kernel with stride 1 and no padding: the input rows are the columns.
+    direct_rows: bool,
+    pixel_block: usize,
+    pixel_blocks: usize,
+    /// Panels of a full pixel block: the stride of a job's packed columns.
+    max_panels: usize,
+}
+
+/// One block of output pixels of one image and group: the columns a set of
+/// tasks shares.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Job {
+    n: usize,
+    g: usize,
+    /// First pixel and number of pixels.
+    c0: usize,
+    width: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Layout {
+    fn new(kernel: Kernel, p: &Conv2dParams) -> Self {
+        let hw = p.out_h() * p.out_w();
+        // Blocks of at most PIXELS pixels, as even as whole tiles allow.
+        let pixel_block = hw
+            .div_ceil(hw.div_ceil(PIXELS))
+            .next_multiple_of(kernel.nr)
+            .min(PIXELS);
+        Layout {
+            kernel,
+            icg: p.in_channels_per_group(),
+            ocg: p.out_channels_per_group(),
+            kk: p.in_channels_per_group() * p.kernel_h * p.kernel_w,
+            plane_in: p.in_h * p.in_w,
+            hw,
+            direct_rows: p.kernel_h == 1
+                && p.kernel_w == 1
+                && p.stride == (1, 1)
+                && p.padding == Default::default(),
+            pixel_block,
+            pixel_blocks: hw.div_ceil(pixel_block),
+            max_panels: pixel_block / kernel.nr,
+        }
+    }
+
+    /// Whether the threads pack each job's columns together and share them
+    /// (few jobs for the threads, and columns that cost more to unroll than
+    /// to copy) rather than each task packing its own.
+    fn shares_columns(&self, jobs: usize, threads: usize) -> bool {
+        threads > 1 && !self.direct_rows && jobs < TASKS_PER_THREAD * threads
+    }
+
+    fn jobs(&self, p: &Conv2dParams) -> usize {
+        p.batch * p.groups * self.pixel_blocks
+    }
+
+    fn job(&self, p: &Conv2dParams, j: usize) -> Job {
+        let pb = j % self.pixel_blocks;
+        let rest = j / self.pixel_blocks;
+        let c0 = pb * self.pixel_block;
+        Job {
+            n: rest / p.groups,
+            g: rest % p.groups,
+            c0,
+            width: self.pixel_block.min(self.hw - c0),
+        }
+    }
+
+    /// Reduction rows `k0..k0 + kcur` of `job`'s columns into `packed` as
+    /// panels of `[kcur][nr]`, one per `nr` pixels.
+    fn pack(
+        &self,
+        p: &Conv2dParams,
+        x: &[f32],
+        job: Job,
+        k0: usize,
+        kcur: usize,
+        packed: &mut [f32],
+    ) {
+        let nr = self.kernel.nr;
+        let img = &x[(job.n * p.in_channels + job.g * self.icg) * self.plane_in..]
+            [..self.icg * self.plane_in];
+        let mut row = [0.0f32; PIXELS];
+        for k in 0..kcur {
+            let src: &[f32] = if self.direct_rows {
+                &img[(k0 + k) * self.hw + job.c0..][..job.width]
+            } else {
+                super::gemm::im2col_row(p, img, k0 + k, job.c0, &mut row[..job.width]);
+                &row[..job.width]
+            };
+            for (j, src) in src.chunks(nr).enumerate() {
+                packed[(j * kcur + k) * nr..][..src.len()].copy_from_slice(src);
             }
         }
-        c += seg;
-        rest = tail;
+    }
+
+    /// Output channels `o0..o1` of `job` over reduction rows `k0..k0 + kcur`,
+    /// whose columns `packed` holds (as [`Layout::pack`] leaves them): the
+    /// first rows start from the bias, later ones add to the output.
+    ///
+    /// # Safety
+    /// `out` is the layer's output; no other thread writes rows `o0..o1`,
+    /// pixels of `job` of it meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn multiply(
+        &self,
+        p: &Conv2dParams,
+        w: &[f32],
+        b: Option<&[f32]>,
+        job: Job,
+        (o0, o1): (usize, usize),
+        (k0, kcur): (usize, usize),
+        packed: &[f32],
+        out: *mut f32,
+    ) {
+        let (kernel, kk, hw, nr) = (self.kernel, self.kk, self.hw, self.kernel.nr);
+        let w = &w[job.g * self.ocg * kk..][..self.ocg * kk];
+        let b = b.map(|b| &b[job.g * self.ocg..][..self.ocg]);
+        let out_base = (job.n * p.out_channels + job.g * self.ocg) * hw;
+        let panels = job.width.div_ceil(nr);
+        let mut o = o0;
+        while o < o1 {
+            let m = kernel.mr.min(o1 - o);
+            // SAFETY: rows o..o+m of `w` and of the bias exist; the caller
+            // owns rows o0..o1, pixels c0..c0+width of this image and group's
+            // output; panel j of `packed` holds kcur rows of nr values; the
+            // CPU has the kernel's features (`Kernel::get` chose it).
+            unsafe {
+                let init = match (k0, b) {
+                    (0, Some(b)) => Init::PerRow(b.as_ptr().add(o)),
+                    (0, None) => Init::Zero,
+                    _ => Init::Load,
+                };
+                let mut tile = Tile {
+                    a: w.as_ptr().add(o * kk + k0),
+                    lda: kk,
+                    b: packed.as_ptr(),
+                    ldb: nr,
+                    kc: kcur,
+                    c: out.add(out_base + o * hw + job.c0),
+                    ldc: hw,
+                    n: 0,
+                    init,
+                };
+                for j in 0..panels {
+                    tile.n = nr.min(job.width - j * nr);
+                    tile.b = packed.as_ptr().add(j * kcur * nr);
+                    (kernel.run)(m, &tile);
+                    tile.c = tile.c.add(nr);
+                }
+            }
+            o += m;
+        }
+    }
+
+    /// Applies `epilogue` to output channels `o0..o1` of `job`, finished.
+    ///
+    /// # Safety
+    /// As for [`Layout::multiply`].
+    unsafe fn finish(
+        &self,
+        p: &Conv2dParams,
+        job: Job,
+        (o0, o1): (usize, usize),
+        out: *mut f32,
+        epilogue: Epilogue<f32>,
+    ) {
+        let out_base = (job.n * p.out_channels + job.g * self.ocg) * self.hw;
+        for o in o0..o1 {
+            let at = out_base + o * self.hw + job.c0;
+            // SAFETY: the caller's finished block.
+            epilogue(at, unsafe {
+                std::slice::from_raw_parts_mut(out.add(at), job.width)
+            });
+        }
+    }
+
+    /// Rows per channel block when each job's channels are split in `blocks`.
+    fn rows_per_block(&self, blocks: usize) -> usize {
+        let row_tiles = self.ocg.div_ceil(self.kernel.mr);
+        row_tiles.div_ceil(blocks.clamp(1, row_tiles)) * self.kernel.mr
     }
 }
 
@@ -169,121 +339,116 @@ fn gemm(
     out: &mut [f32],
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
-    let (icg, ocg, groups) = (
-        p.in_channels_per_group(),
-        p.out_channels_per_group(),
-        p.groups,
-    );
-    let kk = icg * p.kernel_h * p.kernel_w;
-    let plane_in = p.in_h * p.in_w;
-    let hw = p.out_h() * p.out_w();
-    // A 1x1 kernel with stride 1 and no padding: the input rows are the columns.
-    let direct_rows =
-        p.kernel_h == 1 && p.kernel_w == 1 && p.stride == (1, 1) && p.padding == Default::default();
-    // Blocks of at most PIXELS pixels, as even as whole tiles allow.
-    let pixel_block = hw
-        .div_ceil(hw.div_ceil(PIXELS))
-        .next_multiple_of(kernel.nr)
-        .min(PIXELS);
-    let pixel_blocks = hw.div_ceil(pixel_block);
-    let row_tiles = ocg.div_ceil(kernel.mr);
-    // Blocks of output channels: at most CHANNELS, and enough of them that
-    // every thread gets several tasks when there are few pixels.
+    let l = Layout::new(kernel, p);
     let threads = threads_for(p);
-    let base = p.batch * groups * pixel_blocks;
-    let want = (TASKS_PER_THREAD * threads).div_ceil(base).max(1);
-    let channel_blocks = want.max(ocg.div_ceil(CHANNELS)).min(row_tiles).max(1);
-    let rows_per_block = row_tiles.div_ceil(channel_blocks) * kernel.mr;
-    let channel_blocks = ocg.div_ceil(rows_per_block);
-
+    let jobs = l.jobs(p);
     let out_ptr = SharedMut(out.as_mut_ptr());
+    if l.shares_columns(jobs, threads) {
+        return shared_columns(&l, p, x, w, b, &out_ptr, epilogue, threads);
+    }
+    // Otherwise each task packs the columns it multiplies. Input rows read
+    // in place are cheap to copy again, so their channels are split into
+    // blocks (at most CHANNELS, and enough for every thread to get several
+    // tasks); unrolled columns are packed once per job.
+    let channel_blocks = match l.direct_rows {
+        true => (TASKS_PER_THREAD * threads)
+            .div_ceil(jobs)
+            .max(l.ocg.div_ceil(CHANNELS)),
+        false => 1,
+    };
+    let rows_per_block = l.rows_per_block(channel_blocks);
+    let channel_blocks = l.ocg.div_ceil(rows_per_block);
     let task = |t: usize| {
         let out_ptr = &out_ptr;
+        let job = l.job(p, t / channel_blocks);
         let cb = t % channel_blocks;
-        let rest = t / channel_blocks;
-        let pb = rest % pixel_blocks;
-        let rest = rest / pixel_blocks;
-        let (g, n) = (rest % groups, rest / groups);
-        let (o0, o1) = (cb * rows_per_block, ((cb + 1) * rows_per_block).min(ocg));
-        let (c0, c1) = (pb * pixel_block, ((pb + 1) * pixel_block).min(hw));
-        let img = &x[(n * p.in_channels + g * icg) * plane_in..][..icg * plane_in];
-        let w = &w[g * ocg * kk..][..ocg * kk];
-        let b = b.map(|b| &b[g * ocg..][..ocg]);
-        let out_base = (n * p.out_channels + g * ocg) * hw;
-        let width = c1 - c0;
-        let nr = kernel.nr;
-        let panels = width.div_ceil(nr);
-        with_scratch::<f32, _>(KC.min(kk) * panels * nr, |packed| {
-            let mut row = [0.0f32; PIXELS];
-            let mut k0 = 0;
-            while k0 < kk {
-                let kcur = KC.min(kk - k0);
-                // This block of the columns as panels, each [kcur][nr]:
-                // every row of tiles then reads it contiguously.
-                for k in 0..kcur {
-                    let src: &[f32] = if direct_rows {
-                        &img[(k0 + k) * hw + c0..][..width]
-                    } else {
-                        im2col_row(p, img, k0 + k, c0, &mut row[..width]);
-                        &row[..width]
-                    };
-                    for (j, src) in src.chunks(nr).enumerate() {
-                        packed[(j * kcur + k) * nr..][..src.len()].copy_from_slice(src);
-                    }
-                }
-                let mut o = o0;
-                while o < o1 {
-                    let m = kernel.mr.min(o1 - o);
-                    // SAFETY: rows o..o+m of `w` and of the bias exist; the
-                    // task writes only rows o0..o1, columns c0..c1 of its
-                    // image and group's output, which no other task writes;
-                    // panel j of `packed` holds kcur rows of nr values; the
-                    // CPU has the kernel's features (`Kernel::get` chose it).
-                    unsafe {
-                        let init = match (k0, b) {
-                            (0, Some(b)) => Init::PerRow(b.as_ptr().add(o)),
-                            (0, None) => Init::Zero,
-                            _ => Init::Load,
-                        };
-                        let mut tile = Tile {
-                            a: w.as_ptr().add(o * kk + k0),
-                            lda: kk,
-                            b: packed.as_ptr(),
-                            ldb: nr,
-                            kc: kcur,
-                            c: out_ptr.0.add(out_base + o * hw + c0),
-                            ldc: hw,
-                            n: 0,
-                            init,
-                        };
-                        for j in 0..panels {
-                            tile.n = nr.min(width - j * nr);
-                            tile.b = packed.as_ptr().add(j * kcur * nr);
-                            (kernel.run)(m, &tile);
-                            tile.c = tile.c.add(nr);
-                        }
-                    }
-                    o += m;
-                }
-                k0 += kcur;
+        let rows = (cb * rows_per_block, ((cb + 1) * rows_per_block).min(l.ocg));
+        let panels = job.width.div_ceil(kernel.nr);
+        with_scratch::<f32, _>(KC.min(l.kk) * panels * kernel.nr, |packed| {
+            for k0 in (0..l.kk).step_by(KC) {
+                let kcur = KC.min(l.kk - k0);
+                l.pack(p, x, job, k0, kcur, packed);
+                // SAFETY: task t alone writes these rows and pixels.
+                unsafe { l.multiply(p, w, b, job, rows, (k0, kcur), packed, out_ptr.0) };
             }
             if let Some(f) = epilogue {
-                for o in o0..o1 {
-                    let at = out_base + o * hw + c0;
-                    // SAFETY: this task's finished block, as above.
-                    f(at, unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.0.add(at), width)
-                    });
-                }
+                // SAFETY: as above.
+                unsafe { l.finish(p, job, rows, out_ptr.0, f) };
             }
         })
     };
-    let tasks = p.batch * groups * pixel_blocks * channel_blocks;
+    let tasks = jobs * channel_blocks;
     if threads == 1 {
         (0..tasks).try_for_each(task)
     } else {
         (0..tasks).into_par_iter().try_for_each(task)
     }
+}
+
+/// Bytes of packed columns [`shared_columns`] holds at a time, at most (or
+/// one job's, if more).
+#[cfg(target_arch = "x86_64")]
+const SHARED_BYTES: usize = 8 << 20;
+
+/// [`gemm`] for layers with few jobs and unrolled columns: per round of
+/// jobs, every job's columns are packed once, in parallel by reduction
+/// blocks, then multiplied in parallel by blocks of output channels.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn shared_columns(
+    l: &Layout,
+    p: &Conv2dParams,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    out: &SharedMut<f32>,
+    epilogue: Option<Epilogue<f32>>,
+    threads: usize,
+) -> KernelResult<()> {
+    let nr = l.kernel.nr;
+    let job_len = l.kk * l.max_panels * nr;
+    let slice_len = KC * l.max_panels * nr;
+    let jobs = l.jobs(p);
+    let per_round = (SHARED_BYTES / (job_len * 4)).clamp(1, jobs);
+    let mut buf = try_zeroed_vec::<f32>(per_round * job_len, "conv2d packed columns")?;
+    for first in (0..jobs).step_by(per_round) {
+        let round = per_round.min(jobs - first);
+        let buf = &mut buf[..round * job_len];
+        buf.par_chunks_mut(job_len)
+            .enumerate()
+            .for_each(|(j, packed)| {
+                let job = l.job(p, first + j);
+                packed
+                    .par_chunks_mut(slice_len)
+                    .enumerate()
+                    .for_each(|(s, slice)| {
+                        let k0 = s * KC;
+                        let kcur = KC.min(l.kk - k0);
+                        l.pack(p, x, job, k0, kcur, slice);
+                    });
+            });
+        let buf = &*buf;
+        let want = (TASKS_PER_THREAD * threads).div_ceil(round);
+        let rows_per_block = l.rows_per_block(want);
+        let channel_blocks = l.ocg.div_ceil(rows_per_block);
+        (0..round * channel_blocks).into_par_iter().for_each(|t| {
+            let (j, cb) = (t / channel_blocks, t % channel_blocks);
+            let job = l.job(p, first + j);
+            let rows = (cb * rows_per_block, ((cb + 1) * rows_per_block).min(l.ocg));
+            let packed = &buf[j * job_len..][..job_len];
+            for k0 in (0..l.kk).step_by(KC) {
+                let kcur = KC.min(l.kk - k0);
+                let slice = &packed[k0 * l.max_panels * nr..];
+                // SAFETY: task t alone writes these rows and pixels.
+                unsafe { l.multiply(p, w, b, job, rows, (k0, kcur), slice, out.0) };
+            }
+            if let Some(f) = epilogue {
+                // SAFETY: as above.
+                unsafe { l.finish(p, job, rows, out.0, f) };
+            }
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -375,6 +540,12 @@ mod tests {
             c(1, 16, 8, (9, 10), (3, 2), (1, 2), (0, 2, 1, 0), 2, 2),
             c(1, 4, 6, (3, 3), (3, 3), (1, 1), (4, 4, 4, 4), 1, 1),
             c(1, 40, 24, (30, 20), (5, 5), (2, 3), (2, 2, 2, 2), 1, 1),
+            // Many jobs: each task unrolls its own columns.
+            c(3, 8, 20, (40, 40), (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
+            // Few jobs: columns packed once and shared, in two rounds
+            // (2304 x 256 columns per job, three jobs per round).
+            c(1, 256, 16, (32, 32), (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
+            c(2, 64, 40, (15, 15), (1, 1), (2, 2), (0, 0, 0, 0), 1, 2),
         ];
         for case in &cases {
             let p = case.params();
