@@ -292,17 +292,26 @@ def test_default_algorithm_resolves_in_summary():
     assert all(n in ai3.SUPPORTED_ALGORITHMS["conv2d"] for n in names), names
     assert "default" not in names
     # README's table: 'default' is direct for convolutions with fewer than 16
-    # input channels (all three here), gemm for linear, direct for the others.
-    # The ReLUs are fused into the convolutions before them.
+    # input channels (all three here), except float32 layers without groups
+    # that gemm runs on register tiles (a CPU with AVX2 or AVX-512); gemm for
+    # linear, direct for the others. The ReLUs are fused into the convolutions
+    # before them.
+    thin = "gemm" if ai3.cpu_isa() in ("avx2", "avx512") else "direct"
     by_op = {r["op"]: r["algorithm"] for r in model.summary(INPUT_SHAPE)}
-    assert by_op == {"conv2d": "direct", "flatten": "direct", "linear": "gemm"}
+    assert by_op == {"conv2d": thin, "flatten": "direct", "linear": "gemm"}
+    assert conv_algorithms_of_model(ai3.convert(net.double())) == ["direct"] * 3
     # With enough channels, 'default' is winograd on 3x3 stride-1 layers and
-    # gemm on the rest; thin 3x3 stride-1 layers go to direct.
+    # gemm on the rest; thin 3x3 stride-1 layers go to direct (or the tiles).
     wide = nn.Sequential(
         nn.Conv2d(96, 128, 3, padding=1), nn.Conv2d(128, 16, 3, stride=2), nn.Conv2d(16, 16, 3)
     )
-    algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 9, 9))
-    assert algos == ["winograd", "gemm", "direct"]
+    algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 16, 16))
+    assert algos == ["winograd", "gemm", thin]
+    # On few output pixels (13x13 at batch 1) Winograd needs wider layers.
+    algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 13, 13))
+    assert algos[0] != "winograd"
+    algos = conv_algorithms_of_model(ai3.convert(wide), (2, 96, 13, 13))
+    assert algos[0] == "winograd"
 
 
 def test_summary_reports_every_layer():

@@ -135,7 +135,7 @@ impl Conv2d {
                     OP,
                     Request::Named(algo),
                     DeviceKind::Cpu,
-                    &Problem::Conv2d(probe),
+                    &Problem::Conv2d(probe, conv.weight.dtype()),
                 )?;
             }
         }
@@ -343,7 +343,12 @@ impl Conv2d {
     }
 
     fn algorithm(&self, p: &Conv2dParams) -> Result<Algorithm> {
-        registry::resolve(OP, self.request, DeviceKind::Cpu, &Problem::Conv2d(*p))
+        registry::resolve(
+            OP,
+            self.request,
+            DeviceKind::Cpu,
+            &Problem::Conv2d(*p, self.weight.dtype()),
+        )
     }
 
     /// Runs the kernel of the algorithm `p` resolves to; `shape` is the
@@ -488,7 +493,10 @@ impl Operation for Conv2d {
     }
 
     fn problem(&self, inputs: &[&[usize]]) -> Result<Problem> {
-        Ok(Problem::Conv2d(self.params_for(self.split(inputs)?.0)?.0))
+        Ok(Problem::Conv2d(
+            self.params_for(self.split(inputs)?.0)?.0,
+            self.weight.dtype(),
+        ))
     }
 
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
