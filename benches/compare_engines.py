@@ -330,6 +330,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2) or 1)
     ap.add_argument("--out", help="JSON file; a .md table and a .png chart go beside it")
     args = ap.parse_args()
+    if args.out:
+        # Made (and its folder checked) now, not after the whole run.
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     info = machine(args.threads)
     print(f"machine: {info}\n")
     table = [header(args.engines)]

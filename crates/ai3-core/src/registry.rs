@@ -166,28 +166,42 @@ fn everywhere(_: &Problem) -> bool {
 /// convolutions) are left to direct convolution by `'default'`.
 const FEW_INPUT_CHANNELS: usize = 16;
 
-/// Winograd's transforms cost per tile in proportion to `icg + ocg`, its
-/// GEMMs to `icg * ocg`. Below `icg * ocg / (icg + ocg) = 32` (DenseNet's
-/// 128 -> 32, GoogLeNet's 32 -> 96, 16 -> 64) the transforms dominate and
-/// direct convolution measured 10-40% faster at batch 1 and 10; from 64 -> 64
-/// up Winograd measured about even on small images and 10-35% faster on large
+/// Whether a layer Winograd can run (3x3, stride 1) is wide enough for it.
+/// Its transforms cost per tile in proportion to `icg + ocg`, its GEMMs to
+/// `icg * ocg`. Below `icg * ocg / (icg + ocg) = 32` (DenseNet's 128 -> 32,
+/// GoogLeNet's 32 -> 96, 16 -> 64) the transforms dominate and direct
+/// convolution measured 10-40% faster at batch 1 and 10; from 64 -> 64 up
+/// Winograd measured about even on small images and 10-35% faster on large
 /// ones (64 -> 64 at 224x224, batch 10: 131 ms against direct's 177).
 ///
-/// On few output pixels (batch times plane under 256) it also needs
+/// On few output pixels (batch times plane under 256) it needs
 /// `icg * ocg / (icg + ocg) >= 64`: squeezenet1_1's 13x13 layers at batch 1
-/// (48 -> 192 and 64 -> 256) ran 15-30% faster on GEMM, ResNet-50's 14x14 and
-/// 7x7 ones (256 -> 256 and 512 -> 512) 20-25% faster on Winograd.
+/// (48 -> 192 and 64 -> 256) ran 15-30% faster without Winograd, ResNet-50's
+/// 14x14 ones (256 -> 256) 25% faster with it.
+fn wide_for_winograd(p: &Conv2dParams) -> bool {
+    let (icg, ocg) = (p.in_channels_per_group(), p.out_channels_per_group());
+    let pixels = p.batch * p.out_h() * p.out_w();
+    let balance = if pixels < FEW_PIXELS { 64 } else { 32 };
+    icg >= FEW_INPUT_CHANNELS && icg * ocg >= balance * (icg + ocg)
+}
+
+/// Winograd for wide layers ([`wide_for_winograd`]) with at least
+/// [`MIN_WINOGRAD_TILES`] output tiles over the batch.
 fn winograd_preferred(problem: &Problem) -> bool {
-    matches!(problem, Problem::Conv2d(p, _) if {
-        let (icg, ocg) = (p.in_channels_per_group(), p.out_channels_per_group());
-        let pixels = p.batch * p.out_h() * p.out_w();
-        let balance = if pixels < FEW_PIXELS { 64 } else { 32 };
-        icg >= FEW_INPUT_CHANNELS && icg * ocg >= balance * (icg + ocg)
-    })
+    matches!(problem, Problem::Conv2d(p, _)
+        if wide_for_winograd(p) && p.batch * p.out_h().div_ceil(2) * p.out_w().div_ceil(2) >= MIN_WINOGRAD_TILES)
 }
 
 /// Output pixels (over the batch) under which Winograd needs wider layers.
 const FEW_PIXELS: usize = 256;
+
+/// Fewest 2x2 output tiles (over the batch) for Winograd. Its transformed
+/// filters are 16/9 of the weights and each is read once per block of
+/// tiles, so with few tiles it streams more weights than GEMM for the same
+/// output: on ResNet-50's 512 -> 512 layers at 7x7 (16 tiles per image,
+/// 2 threads, AVX2) GEMM measured 10-25% faster at batch 1, even at batch 2,
+/// and Winograd 20% faster at batch 4 and 45% at batch 10.
+const MIN_WINOGRAD_TILES: usize = 32;
 
 /// With few input channels per group im2col unrolls a short, wide matrix that
 /// costs as much to build as to multiply; direct convolution's register tiles
@@ -209,7 +223,7 @@ fn direct_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p, dtype)
         if ((p.in_channels_per_group() < FEW_INPUT_CHANNELS
             && (p.groups == 1 || p.stride == (1, 1) || depthwise::applies(p)))
-            || (winograd::check(p).is_ok() && !winograd_preferred(problem)))
+            || (winograd::check(p).is_ok() && !wide_for_winograd(p)))
             && padded_copy_is_small(p)
             && !tiles_preferred(p, *dtype))
 }
@@ -455,7 +469,7 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(
         Conv2d,
         Gemm,
-        "im2col + blocked GEMM; f32 on register tiles (1x1 layers, and others with enough pixels)",
+        "im2col + blocked GEMM; f32 on register tiles (1x1, or enough pixels)",
         always,
         any_problem,
         im2col_workspace,
@@ -819,6 +833,24 @@ mod tests {
         };
         assert_eq!(pick(few_pixels(64)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(few_pixels(128)).unwrap(), Algorithm::Winograd);
+        // Wide layers with few tiles (7x7: 16 per image) go to GEMM until
+        // the batch brings MIN_WINOGRAD_TILES.
+        let plane_7x7 = |c: usize, batch: usize| match with_channels(c, 3, 1) {
+            Problem::Conv2d(p, d) => Problem::Conv2d(
+                Conv2dParams {
+                    batch,
+                    in_h: 7,
+                    in_w: 7,
+                    ..p
+                },
+                d,
+            ),
+            other => other,
+        };
+        assert_eq!(pick(plane_7x7(512, 1)).unwrap(), Algorithm::Gemm);
+        assert_eq!(pick(plane_7x7(512, 2)).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(plane_7x7(512, 10)).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(plane_7x7(32, 10)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(with_channels(32, 3, 1)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(with_channels(16, 3, 1)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(with_channels(3, 3, 1)).unwrap(), Algorithm::Direct);

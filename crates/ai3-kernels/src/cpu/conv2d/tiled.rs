@@ -5,16 +5,18 @@
 //! `K = icg * kh * kw`: the weight is `A` in PyTorch's own layout, and `cols`
 //! (the unrolled patches) is built a block of output pixels (a *job*) at a
 //! time, straight into the column panels the tile reads (`[kc][nr]` each).
-//! A 1x1 layer with stride 1 and no padding copies its input rows as they
-//! lie. Tasks are jobs times blocks of output channels; each task's output
-//! block starts from the bias in registers and gets the fused epilogue
-//! (residual, activation) as soon as it is finished, while it is in cache.
+//! A 1x1 layer with stride 1 and no padding reads its input rows as they
+//! lie: in place when a task has few output channels, else copied into
+//! panels (see [`IN_PLACE_ROWS`]). Tasks are jobs times blocks of output
+//! channels; each task's output block starts from the bias in registers and
+//! gets the fused epilogue (residual, activation) as soon as it is finished,
+//! while it is in cache.
 //!
 //! Columns that must be unrolled (larger or strided kernels) are packed once
 //! per job: by the task that owns the whole job when there are enough jobs
 //! for the threads, else by all threads together before the channel blocks
-//! share them ([`shared_columns`]). Rows read in place are cheap enough to
-//! copy again per channel block.
+//! share them ([`shared_columns`]). A 1x1 layer's input rows are cheap
+//! enough to read again per channel block.
 //!
 //! Within a task the reduction runs in blocks of [`KC`]; each row of tiles
 //! then passes over the job's pixels, so a layer's weights (most of what
@@ -44,6 +46,33 @@ const KC: usize = 128;
 
 /// Tasks per thread to aim for, so uneven tasks still balance.
 const TASKS_PER_THREAD: usize = 4;
+
+/// Output channels per task up to which a 1x1 layer's input rows are read
+/// in place (strided, by every row of tiles) rather than packed into
+/// panels. Packing copies a task's columns once for all its rows, so it
+/// pays only when many rows of tiles reuse them, the more so when the rows
+/// lie more than a page apart (each row read in place then costs a TLB
+/// entry). Measured on 2 threads with AVX2 (6-row tiles): reading in place
+/// took 0.4-0.95x the time with 12-48 channels per task (384 -> 48 at 13x13,
+/// batch 1: 0.10 -> 0.04 ms; 96 -> 24 and 144 -> 24 at 56x56, batch 1 and
+/// 10; 1024 -> 256 at 14x14, batch 1: 0.87 -> 0.78 ms), 0.93-1.0x with 64-96
+/// on planes of at most 1024 pixels (512 -> 128 at 28x28, 576 -> 96 at
+/// 14x14 batch 10) but 1.05-1.13x on larger ones (256 -> 64 at 56x56), and
+/// 1.0-1.1x with 128 or more.
+const IN_PLACE_ROWS: usize = 48;
+
+/// [`IN_PLACE_ROWS`] for input planes of at most [`PAGE_FLOATS`].
+const IN_PLACE_ROWS_NEAR: usize = 96;
+
+/// f32 values in a 4 KiB page.
+const PAGE_FLOATS: usize = 1024;
+
+#[cfg(test)]
+thread_local! {
+    /// Forces input rows in place (`Some(true)`) or packed for the 1x1
+    /// layers that could read them in place, so tests cover both.
+    static IN_PLACE_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
 
 /// Whether [`conv2d`] runs with elements of type `T`: f32 on a CPU with a
 /// register tile (AVX2 or AVX-512). It takes any kernel, stride, padding,
@@ -152,6 +181,18 @@ struct Layout {
     max_panels: usize,
 }
 
+/// Where a task's columns are read: panel `j` (`nr` columns, `kcur` rows
+/// at stride `ldb`) starts at `ptr + j * panel`. Packed panels have `ldb =
+/// nr` and `panel = kcur * nr`; input rows read in place have `ldb` = the
+/// plane and `panel = nr`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Columns {
+    ptr: *const f32,
+    ldb: usize,
+    panel: usize,
+}
+
 /// One block of output pixels of one image and group: the columns a set of
 /// tasks shares.
 #[cfg(target_arch = "x86_64")]
@@ -235,19 +276,24 @@ impl Layout {
                 super::gemm::im2col_row(p, img, k0 + k, job.c0, &mut row[..job.width]);
                 &row[..job.width]
             };
-            for (j, src) in src.chunks(nr).enumerate() {
-                packed[(j * kcur + k) * nr..][..src.len()].copy_from_slice(src);
+            match nr {
+                16 => to_panels::<16>(src, packed, kcur, k),
+                32 => to_panels::<32>(src, packed, kcur, k),
+                _ => unreachable!("tiles are 16 or 32 columns wide"),
             }
         }
     }
 
     /// Output channels `o0..o1` of `job` over reduction rows `k0..k0 + kcur`,
-    /// whose columns `packed` holds (as [`Layout::pack`] leaves them): the
-    /// first rows start from the bias, later ones add to the output.
+    /// whose columns `cols` locates (packed as [`Layout::pack`] leaves them,
+    /// or input rows in place): the first rows start from the bias, later
+    /// ones add to the output.
     ///
     /// # Safety
     /// `out` is the layer's output; no other thread writes rows `o0..o1`,
-    /// pixels of `job` of it meanwhile.
+    /// pixels of `job` of it meanwhile. Each of `cols`'s panels holds `kcur`
+    /// rows of `nr` readable values (the last panel the job's remaining
+    /// columns) and stays unchanged meanwhile.
     #[allow(clippy::too_many_arguments)]
     unsafe fn multiply(
         &self,
@@ -257,7 +303,7 @@ impl Layout {
         job: Job,
         (o0, o1): (usize, usize),
         (k0, kcur): (usize, usize),
-        packed: &[f32],
+        cols: Columns,
         out: *mut f32,
     ) {
         let (kernel, kk, hw, nr) = (self.kernel, self.kk, self.hw, self.kernel.nr);
@@ -270,7 +316,7 @@ impl Layout {
             let m = kernel.mr.min(o1 - o);
             // SAFETY: rows o..o+m of `w` and of the bias exist; the caller
             // owns rows o0..o1, pixels c0..c0+width of this image and group's
-            // output; panel j of `packed` holds kcur rows of nr values; the
+            // output; `cols` holds the panels read (the caller's promise); the
             // CPU has the kernel's features (`Kernel::get` chose it).
             unsafe {
                 let init = match (k0, b) {
@@ -281,8 +327,8 @@ impl Layout {
                 let mut tile = Tile {
                     a: w.as_ptr().add(o * kk + k0),
                     lda: kk,
-                    b: packed.as_ptr(),
-                    ldb: nr,
+                    b: cols.ptr,
+                    ldb: cols.ldb,
                     kc: kcur,
                     c: out.add(out_base + o * hw + job.c0),
                     ldc: hw,
@@ -291,7 +337,7 @@ impl Layout {
                 };
                 for j in 0..panels {
                     tile.n = nr.min(job.width - j * nr);
-                    tile.b = packed.as_ptr().add(j * kcur * nr);
+                    tile.b = cols.ptr.add(j * cols.panel);
                     (kernel.run)(m, &tile);
                     tile.c = tile.c.add(nr);
                 }
@@ -322,10 +368,36 @@ impl Layout {
         }
     }
 
+    /// Whether a task with `rows` output channels reads a 1x1 layer's input
+    /// rows in place (see [`IN_PLACE_ROWS`]).
+    fn reads_in_place(&self, rows: usize) -> bool {
+        self.direct_rows
+            && (rows <= IN_PLACE_ROWS
+                || (rows <= IN_PLACE_ROWS_NEAR && self.plane_in <= PAGE_FLOATS))
+    }
+
     /// Rows per channel block when each job's channels are split in `blocks`.
     fn rows_per_block(&self, blocks: usize) -> usize {
         let row_tiles = self.ocg.div_ceil(self.kernel.mr);
         row_tiles.div_ceil(blocks.clamp(1, row_tiles)) * self.kernel.mr
+    }
+}
+
+/// Row `k` of every panel of `[kcur][NR]` in `packed` from one row of
+/// columns, `NR` at a time (fixed-size copies, not a `memcpy` call each).
+#[cfg(target_arch = "x86_64")]
+fn to_panels<const NR: usize>(src: &[f32], packed: &mut [f32], kcur: usize, k: usize) {
+    let mut whole = src.chunks_exact(NR);
+    for (j, src) in whole.by_ref().enumerate() {
+        let dst: &mut [f32; NR] = (&mut packed[(j * kcur + k) * NR..][..NR])
+            .try_into()
+            .unwrap();
+        *dst = src.try_into().unwrap();
+    }
+    let rest = whole.remainder();
+    if !rest.is_empty() {
+        let j = src.len() / NR;
+        packed[(j * kcur + k) * NR..][..rest.len()].copy_from_slice(rest);
     }
 }
 
@@ -346,10 +418,10 @@ fn gemm(
     if l.shares_columns(jobs, threads) {
         return shared_columns(&l, p, x, w, b, &out_ptr, epilogue, threads);
     }
-    // Otherwise each task packs the columns it multiplies. Input rows read
-    // in place are cheap to copy again, so their channels are split into
-    // blocks (at most CHANNELS, and enough for every thread to get several
-    // tasks); unrolled columns are packed once per job.
+    // Otherwise each task packs the columns it multiplies, or reads input
+    // rows in place. Those are cheap to read again, so their channels are
+    // split into blocks (at most CHANNELS, and enough for every thread to get
+    // several tasks); unrolled columns are packed once per job.
     let channel_blocks = match l.direct_rows {
         true => (TASKS_PER_THREAD * threads)
             .div_ceil(jobs)
@@ -358,18 +430,40 @@ fn gemm(
     };
     let rows_per_block = l.rows_per_block(channel_blocks);
     let channel_blocks = l.ocg.div_ceil(rows_per_block);
+    let in_place = l.reads_in_place(rows_per_block);
+    #[cfg(test)]
+    let in_place = l.direct_rows && IN_PLACE_OVERRIDE.get().unwrap_or(in_place);
     let task = |t: usize| {
         let out_ptr = &out_ptr;
         let job = l.job(p, t / channel_blocks);
         let cb = t % channel_blocks;
         let rows = (cb * rows_per_block, ((cb + 1) * rows_per_block).min(l.ocg));
         let panels = job.width.div_ceil(kernel.nr);
-        with_scratch::<f32, _>(KC.min(l.kk) * panels * kernel.nr, |packed| {
+        let scratch = if in_place {
+            0
+        } else {
+            KC.min(l.kk) * panels * kernel.nr
+        };
+        with_scratch::<f32, _>(scratch, |packed| {
             for k0 in (0..l.kk).step_by(KC) {
                 let kcur = KC.min(l.kk - k0);
-                l.pack(p, x, job, k0, kcur, packed);
+                let cols = if in_place {
+                    let at = (job.n * p.in_channels + job.g * l.icg + k0) * l.plane_in + job.c0;
+                    Columns {
+                        ptr: x[at..].as_ptr(),
+                        ldb: l.plane_in,
+                        panel: kernel.nr,
+                    }
+                } else {
+                    l.pack(p, x, job, k0, kcur, packed);
+                    Columns {
+                        ptr: packed.as_ptr(),
+                        ldb: kernel.nr,
+                        panel: kcur * kernel.nr,
+                    }
+                };
                 // SAFETY: task t alone writes these rows and pixels.
-                unsafe { l.multiply(p, w, b, job, rows, (k0, kcur), packed, out_ptr.0) };
+                unsafe { l.multiply(p, w, b, job, rows, (k0, kcur), cols, out_ptr.0) };
             }
             if let Some(f) = epilogue {
                 // SAFETY: as above.
@@ -439,8 +533,13 @@ fn shared_columns(
             for k0 in (0..l.kk).step_by(KC) {
                 let kcur = KC.min(l.kk - k0);
                 let slice = &packed[k0 * l.max_panels * nr..];
+                let cols = Columns {
+                    ptr: slice.as_ptr(),
+                    ldb: nr,
+                    panel: kcur * nr,
+                };
                 // SAFETY: task t alone writes these rows and pixels.
-                unsafe { l.multiply(p, w, b, job, rows, (k0, kcur), slice, out.0) };
+                unsafe { l.multiply(p, w, b, job, rows, (k0, kcur), cols, out.0) };
             }
             if let Some(f) = epilogue {
                 // SAFETY: as above.
@@ -531,6 +630,8 @@ mod tests {
             c(1, 300, 40, (5, 9), (1, 1), (1, 1), (0, 0, 0, 0), 1, 1),
             c(1, 64, 400, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 1, 1),
             c(3, 24, 36, (17, 19), (1, 1), (1, 1), (0, 0, 0, 0), 1, 1),
+            // Many output channels per task: rows packed unless forced.
+            c(2, 16, 200, (20, 20), (1, 1), (1, 1), (0, 0, 0, 0), 1, 1),
             c(1, 12, 18, (9, 11), (1, 1), (2, 2), (0, 0, 0, 0), 1, 1),
             c(2, 16, 8, (8, 8), (1, 1), (3, 1), (0, 0, 0, 0), 1, 2),
             c(1, 8, 12, (6, 5), (1, 1), (1, 1), (1, 0, 2, 1), 1, 4),
@@ -557,7 +658,6 @@ mod tests {
                 let mut want = vec![0.0f32; p.output_len()];
                 gemm::conv2d(&p, &x, &w, b, &mut want).unwrap();
                 want.iter_mut().for_each(|v| *v += 1.0);
-                let mut got = vec![f32::NAN; p.output_len()];
                 // The epilogue adds a residual (the output's index) and applies ReLU.
                 want.iter_mut()
                     .enumerate()
@@ -567,13 +667,19 @@ mod tests {
                         *v = (*v + (at + i) as f32 * 1e-3).max(0.0);
                     }
                 };
-                conv2d(&p, &x, &w, b, &mut got, Some(&relu)).unwrap();
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
-                        "{p:?} bias {with_bias} at {i}: {g} vs {e}"
-                    );
+                // 1x1 rows read as the layout chooses, packed, and in place.
+                for force in [None, Some(false), Some(true)] {
+                    IN_PLACE_OVERRIDE.set(force);
+                    let mut got = vec![f32::NAN; p.output_len()];
+                    conv2d(&p, &x, &w, b, &mut got, Some(&relu)).unwrap();
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                            "{p:?} bias {with_bias} in place {force:?} at {i}: {g} vs {e}"
+                        );
+                    }
                 }
+                IN_PLACE_OVERRIDE.set(None);
             }
         }
     }
