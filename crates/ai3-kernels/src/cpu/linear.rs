@@ -4,6 +4,9 @@
 pub mod packed;
 
 use crate::alloc::KernelResult;
+use rayon::prelude::*;
+
+use crate::cpu::conv2d::SharedMut;
 use crate::cpu::matmul::{matmul_strided, MatMut, MatPtr};
 use crate::params::LinearParams;
 use crate::Float;
@@ -58,21 +61,76 @@ pub fn gemm<T: Float>(
         rs: 1,
         cs: p.out_features,
     };
-    // SAFETY: the three buffers have the lengths checked above and are distinct.
-    unsafe {
-        matmul_strided(
-            p.out_features,
-            p.rows,
-            p.in_features,
-            dst,
-            bias.is_some(),
-            lhs,
-            rhs,
-            ::gemm::Parallelism::Rayon(0),
-        )
-    };
+    let threads = rayon::current_num_threads();
+    let macs = p
+        .rows
+        .saturating_mul(p.in_features)
+        .saturating_mul(p.out_features);
+    if p.rows > FEW_ROWS || threads == 1 || macs < SPLIT_MACS {
+        // SAFETY: the three buffers have the lengths checked above and are distinct.
+        unsafe {
+            matmul_strided(
+                p.out_features,
+                p.rows,
+                p.in_features,
+                dst,
+                bias.is_some(),
+                lhs,
+                rhs,
+                ::gemm::Parallelism::Rayon(0),
+            )
+        };
+        return Ok(());
+    }
+    // Few rows: the gemm crate runs such a product on one thread, so blocks
+    // of output features (of the weight's rows) go to the threads here.
+    let per = p
+        .out_features
+        .div_ceil(threads * BLOCKS_PER_THREAD)
+        .next_multiple_of(16);
+    let out = SharedMut(dst.ptr);
+    (0..p.out_features.div_ceil(per))
+        .into_par_iter()
+        .for_each(|blk| {
+            let out = &out;
+            let (j0, j1) = (blk * per, ((blk + 1) * per).min(p.out_features));
+            // SAFETY: rows j0..j1 of the weight and of outputᵀ exist (checked
+            // lengths); each block writes only its own features' outputs.
+            unsafe {
+                matmul_strided(
+                    j1 - j0,
+                    p.rows,
+                    p.in_features,
+                    MatMut {
+                        ptr: out.0.add(j0),
+                        rs: 1,
+                        cs: p.out_features,
+                    },
+                    bias.is_some(),
+                    MatPtr {
+                        ptr: weight.as_ptr().add(j0 * p.in_features),
+                        ..lhs
+                    },
+                    rhs,
+                    ::gemm::Parallelism::None,
+                )
+            };
+        });
     Ok(())
 }
+
+/// Rows (a batch) up to which [`gemm`] shares a product among threads by
+/// blocks of output features itself.
+const FEW_ROWS: usize = 8;
+
+/// Multiply-adds from which [`gemm`] shares a product of few rows: such a
+/// product streams its weight once, so two threads read it about twice as
+/// fast (mobilenet_v2's 1280 -> 1000 classifier at batch 1: 0.26 -> 0.17
+/// ms on 2 threads, AVX2).
+const SPLIT_MACS: usize = 1 << 18;
+
+/// Blocks of output features per thread, so that uneven blocks balance.
+const BLOCKS_PER_THREAD: usize = 4;
 
 #[cfg(test)]
 mod tests {
@@ -138,15 +196,27 @@ mod tests {
             (3, 1030, 13),
             (6, 2100, 9),
             (1, 4097, 70),
+            // Few rows and enough products to share by blocks of features
+            // (with a last, shorter block), and one row over FEW_ROWS.
+            (1, 1300, 1000),
+            (8, 300, 130),
+            (9, 300, 130),
         ];
+        // Two threads, as the shared path needs, whatever this machine has.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
         each_case(1, &cases, |p, x, w, b, want, what| {
-            let mut out = vec![f64::NAN; want.len()];
-            gemm(p, x, w, b, &mut out).unwrap();
-            assert_close(&out, want, 1e-12, what);
-            let b32 = b.map(cast::<f32>);
-            let mut out32 = vec![f32::NAN; want.len()];
-            gemm(p, &cast(x), &cast(w), b32.as_deref(), &mut out32).unwrap();
-            assert_close(&out32, want, 1e-5, what);
+            pool.install(|| {
+                let mut out = vec![f64::NAN; want.len()];
+                gemm(p, x, w, b, &mut out).unwrap();
+                assert_close(&out, want, 1e-12, what);
+                let b32 = b.map(cast::<f32>);
+                let mut out32 = vec![f32::NAN; want.len()];
+                gemm(p, &cast(x), &cast(w), b32.as_deref(), &mut out32).unwrap();
+                assert_close(&out32, want, 1e-5, what);
+            })
         });
     }
 

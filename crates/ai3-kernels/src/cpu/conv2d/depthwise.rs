@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use super::{threads_for, Epilogue};
+use super::{threads_for_macs, Epilogue};
 use crate::alloc::{check_len, try_zeroed_vec, KernelResult};
 use crate::cpu::scratch::with_scratch;
 use crate::isa::multiversion;
@@ -33,6 +33,14 @@ const CHUNK: usize = 32;
 
 /// Output planes per parallel task, at least: enough to amortise a task.
 const MIN_TASK_ELEMENTS: usize = 4096;
+
+/// What one of this path's multiply-accumulates costs, in those of the
+/// register-tiled convolutions that [`threads_for_macs`] counts: it moves far
+/// more memory per product (mobilenet_v2's 576-channel 3x3 layer at 14x14,
+/// 1.0 M products, took 0.10 ms on one thread, where a 1x1 layer of as many
+/// takes 0.02 ms), so layers from 0.13 M products up are shared between
+/// threads.
+const MAC_COST: usize = 8;
 
 /// Largest column stride this path takes: its copy of a plane grows with the
 /// stride (a phase row per stride step), so larger ones go to the generic kernel.
@@ -141,7 +149,7 @@ pub fn conv2d<T: Float>(
     let block = mult * plane_out;
     let tasks = p.batch * p.groups;
     let scratch_len = layout.copy_len + layout.flat_len;
-    if threads_for(p) > 1 && tasks > 1 {
+    if threads_for_macs(p.macs().saturating_mul(MAC_COST)) > 1 && tasks > 1 {
         let per = MIN_TASK_ELEMENTS.div_ceil(block).max(1);
         // A zeroed buffer per piece of work rayon hands a thread (a few per
         // call): measured faster than the per-thread scratch with only the

@@ -41,7 +41,13 @@ pub(crate) static SHARE_SMALL: std::sync::atomic::AtomicBool =
 
 /// Threads a convolution may use: 1 when it is too small to share.
 pub(crate) fn threads_for(p: &Conv2dParams) -> usize {
-    let small = p.macs() < SERIAL_MACS;
+    threads_for_macs(p.macs())
+}
+
+/// Threads for a convolution whose kernel takes as long as `macs`
+/// multiply-accumulates of the register-tiled ones (see [`SERIAL_MACS`]).
+pub(crate) fn threads_for_macs(macs: usize) -> usize {
+    let small = macs < SERIAL_MACS;
     #[cfg(test)]
     let small = small && !SHARE_SMALL.load(std::sync::atomic::Ordering::Relaxed);
     if small {
