@@ -166,30 +166,37 @@ fn everywhere(_: &Problem) -> bool {
 /// convolutions) are left to direct convolution by `'default'`.
 const FEW_INPUT_CHANNELS: usize = 16;
 
-/// Whether a layer Winograd can run (3x3, stride 1) is wide enough for it.
-/// Its transforms cost per tile in proportion to `icg + ocg`, its GEMMs to
-/// `icg * ocg`. Below `icg * ocg / (icg + ocg) = 32` (DenseNet's 128 -> 32,
-/// GoogLeNet's 32 -> 96, 16 -> 64) the transforms dominate and direct
-/// convolution measured 10-40% faster at batch 1 and 10; from 64 -> 64 up
-/// Winograd measured about even on small images and 10-35% faster on large
-/// ones (64 -> 64 at 224x224, batch 10: 131 ms against direct's 177).
+/// How wide a layer is for Winograd: `icg * ocg / (icg + ocg)` (its
+/// transforms cost per tile in proportion to `icg + ocg`, its GEMMs to
+/// `icg * ocg`), or 0 with fewer than [`FEW_INPUT_CHANNELS`] input channels
+/// per group.
 ///
-/// On few output pixels (batch times plane under 256) it needs
-/// `icg * ocg / (icg + ocg) >= 64`: squeezenet1_1's 13x13 layers at batch 1
-/// (48 -> 192 and 64 -> 256) ran 15-30% faster without Winograd, ResNet-50's
-/// 14x14 ones (256 -> 256) 25% faster with it.
-fn wide_for_winograd(p: &Conv2dParams) -> bool {
+/// Below 32 (DenseNet's 128 -> 32, GoogLeNet's 32 -> 96, 16 -> 64) the
+/// transforms dominate and direct convolution measured 10-40% faster at
+/// batch 1 and 10; from 64 -> 64 up Winograd measured about even on small
+/// images and 10-35% faster on large ones (64 -> 64 at 224x224, batch 10:
+/// 131 ms against direct's 177).
+fn winograd_width(p: &Conv2dParams) -> usize {
     let (icg, ocg) = (p.in_channels_per_group(), p.out_channels_per_group());
-    let pixels = p.batch * p.out_h() * p.out_w();
-    let balance = if pixels < FEW_PIXELS { 64 } else { 32 };
-    icg >= FEW_INPUT_CHANNELS && icg * ocg >= balance * (icg + ocg)
+    if icg < FEW_INPUT_CHANNELS {
+        0
+    } else {
+        icg * ocg / (icg + ocg)
+    }
 }
 
-/// Winograd for wide layers ([`wide_for_winograd`]) with at least
-/// [`MIN_WINOGRAD_TILES`] output tiles over the batch.
+/// Winograd for layers of [`winograd_width`] at least 32, or 64 on fewer
+/// than [`FEW_PIXELS`] output pixels over the batch, with at least
+/// [`MIN_WINOGRAD_TILES`] output tiles. On few pixels squeezenet1_1's 13x13
+/// layers at batch 1 (48 -> 192 and 64 -> 256, widths 38 and 51) ran 15-30%
+/// faster on GEMM, ResNet-50's 14x14 ones (256 -> 256) 25% faster on Winograd.
 fn winograd_preferred(problem: &Problem) -> bool {
-    matches!(problem, Problem::Conv2d(p, _)
-        if wide_for_winograd(p) && p.batch * p.out_h().div_ceil(2) * p.out_w().div_ceil(2) >= MIN_WINOGRAD_TILES)
+    matches!(problem, Problem::Conv2d(p, _) if {
+        let pixels = p.batch * p.out_h() * p.out_w();
+        let width = if pixels < FEW_PIXELS { 64 } else { 32 };
+        let tiles = p.batch * p.out_h().div_ceil(2) * p.out_w().div_ceil(2);
+        winograd_width(p) >= width && tiles >= MIN_WINOGRAD_TILES
+    })
 }
 
 /// Output pixels (over the batch) under which Winograd needs wider layers.
@@ -223,7 +230,7 @@ fn direct_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p, dtype)
         if ((p.in_channels_per_group() < FEW_INPUT_CHANNELS
             && (p.groups == 1 || p.stride == (1, 1) || depthwise::applies(p)))
-            || (winograd::check(p).is_ok() && !wide_for_winograd(p)))
+            || (winograd::check(p).is_ok() && winograd_width(p) < 32))
             && padded_copy_is_small(p)
             && !tiles_preferred(p, *dtype))
 }
@@ -831,8 +838,11 @@ mod tests {
             ),
             other => other,
         };
-        assert_eq!(pick(few_pixels(64)).unwrap(), Algorithm::Direct);
+        // 64 -> 64 (width 32) is then GEMM's, 128 -> 128 (64) Winograd's,
+        // 48 -> 48 (24) still too thin for either.
+        assert_eq!(pick(few_pixels(64)).unwrap(), Algorithm::Gemm);
         assert_eq!(pick(few_pixels(128)).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(few_pixels(48)).unwrap(), Algorithm::Direct);
         // Wide layers with few tiles (7x7: 16 per image) go to GEMM until
         // the batch brings MIN_WINOGRAD_TILES.
         let plane_7x7 = |c: usize, batch: usize| match with_channels(c, 3, 1) {
