@@ -159,7 +159,7 @@ pub(crate) mod avx512 {
     }
 }
 
-/// The AVX2+FMA tile: 6 rows of 16 columns.
+/// The AVX2+FMA tile: 6 rows of 16 columns (of at most 8, one vector per row).
 pub(crate) mod avx2 {
     use super::{Init, Tile};
     use std::arch::x86_64::*;
@@ -191,6 +191,8 @@ pub(crate) mod avx2 {
         unsafe {
             if t.n >= NR {
                 by_rows!(m, t, full, 6 5 4 3 2)
+            } else if t.n <= NR / 2 {
+                by_rows!(m, t, narrow, 6 5 4 3 2)
             } else {
                 by_rows!(m, t, masked, 6 5 4 3 2)
             }
@@ -212,6 +214,35 @@ pub(crate) mod avx2 {
     unsafe fn masked<const M: usize>(t: &Tile) {
         // SAFETY: see `run`.
         unsafe { tile::<M, false>(t) }
+    }
+
+    /// A tile of at most 8 columns (a row's tail, such as the last pixel of
+    /// a 7x7 plane): one vector per row, so half the products of
+    /// [`masked`]'s two.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn narrow<const M: usize>(t: &Tile) {
+        // SAFETY (whole function): see `run`; `t.n <= 8`.
+        unsafe {
+            let [m0, _] = lane_masks(t.n);
+            let mut acc: [__m256; M] = match t.init {
+                Init::Zero => [_mm256_setzero_ps(); M],
+                Init::Row(row) => [_mm256_maskload_ps(row, m0); M],
+                Init::PerRow(col) => std::array::from_fn(|i| _mm256_set1_ps(*col.add(i))),
+                Init::Load => std::array::from_fn(|i| _mm256_maskload_ps(t.c.add(i * t.ldc), m0)),
+            };
+            let rows: [*const f32; M] = std::array::from_fn(|i| t.a.add(i * t.lda));
+            for k in 0..t.kc {
+                let b0 = _mm256_maskload_ps(t.b.add(k * t.ldb), m0);
+                for i in 0..M {
+                    let a = _mm256_broadcast_ss(&*rows[i].add(k));
+                    acc[i] = _mm256_fmadd_ps(a, b0, acc[i]);
+                }
+            }
+            for (i, v) in acc.iter().enumerate() {
+                _mm256_maskstore_ps(t.c.add(i * t.ldc), m0, *v);
+            }
+        }
     }
 
     /// Eight values at `p`, of the lanes set in `m` unless `FULL`.
