@@ -194,6 +194,13 @@ impl Plan {
             if split * cols_per_block >= MIN_SPLIT_TILES {
                 rows_per_block = split;
             }
+        } else if p.groups * col_blocks == 1 && threads > 1 {
+            // As many row blocks as a multiple of the threads, of even
+            // height, so no thread is left with a short last block: 28 tile
+            // rows of 28 (ResNet-50's 56x56 layers at batch 1) in blocks of
+            // 9 gave 2 threads 18 and 10 rows, in blocks of 7 14 each.
+            let blocks = rows.div_ceil(rows_per_block).next_multiple_of(threads);
+            rows_per_block = rows.div_ceil(blocks.min(rows));
         }
         Self {
             tiles_w,
@@ -300,12 +307,42 @@ unsafe fn block<T: Float>(
     let v_len = POSITIONS * v_stride;
     let m_len = POSITIONS * m_stride;
     let eo_len = 8 * (tw + 1);
-    with_scratch::<T, _>(v_len + m_len + eo_len, |buf| {
-        let (v, rest) = buf.split_at_mut(v_len);
-        let (m, eo) = rest.split_at_mut(m_len);
-        let (ebuf, obuf) = eo.split_at_mut(4 * (tw + 1));
-
-        input_transform(p, plan, input, g, rows, cols, v, ebuf, obuf);
+    with_scratch::<T, _>(v_len + m_len, |buf| {
+        let (v, m) = buf.split_at_mut(v_len);
+        let v_out = SharedMut(v.as_mut_ptr());
+        // Channels `c0..c1` of the input transform, with row buffers of their own.
+        let transform_in = |(c0, c1): (usize, usize)| {
+            let mut eo = try_zeroed_vec::<T>(eo_len, "Winograd tile rows")?;
+            let (ebuf, obuf) = eo.split_at_mut(4 * (tw + 1));
+            // SAFETY: v holds 16 planes of v_stride >= icg * nt elements;
+            // channels c0..c1 of them are written by this call only.
+            unsafe {
+                input_transform(
+                    p,
+                    plan,
+                    input,
+                    g,
+                    rows,
+                    cols,
+                    (c0, c1),
+                    v_out,
+                    v_stride,
+                    ebuf,
+                    obuf,
+                )
+            };
+            Ok::<(), KernelError>(())
+        };
+        if share_gemms {
+            // The threads that share the GEMMs share the transforms too.
+            let per = icg.div_ceil(rayon::current_num_threads() * 2).max(1);
+            (0..icg.div_ceil(per))
+                .into_par_iter()
+                .try_for_each(|i| transform_in((i * per, ((i + 1) * per).min(icg))))?;
+        } else {
+            transform_in((0, icg))?;
+        }
+        let v = &*v;
         let m_out = SharedMut(m.as_mut_ptr());
         let gemm = |xi: usize| {
             let lhs = MatPtr {
@@ -342,15 +379,33 @@ unsafe fn block<T: Float>(
             (0..POSITIONS).for_each(gemm);
         }
 
-        // SAFETY: forwarded from the caller.
-        unsafe { output_transform(p, plan, m, bias, g, rows, cols, out) };
-    })
+        let m = &*m;
+        // SAFETY: forwarded from the caller; output channels o0..o1 of the
+        // block are written by this call only.
+        let transform_out = |chans: (usize, usize)| unsafe {
+            output_transform(p, plan, m, bias, g, rows, cols, chans, out)
+        };
+        if share_gemms {
+            let per = ocg.div_ceil(rayon::current_num_threads() * 2).max(1);
+            (0..ocg.div_ceil(per))
+                .into_par_iter()
+                .for_each(|i| transform_out((i * per, ((i + 1) * per).min(ocg))));
+        } else {
+            transform_out((0, ocg));
+        }
+        Ok(())
+    })?
 }
 
 use crate::isa::multiversion;
 
 multiversion! {
-    /// Writes `Bᵀ d B` of the block's tiles into `v` (`[16, icg, tiles]`).
+    /// Writes `Bᵀ d B` of input channels `chans` of the block's tiles into
+    /// `v` (`[16, icg, tiles]`, position planes `v_stride` apart).
+    ///
+    /// # Safety
+    /// `v` holds 16 planes of `v_stride >= icg * tiles` elements, and no
+    /// other thread touches channels `chans` of them meanwhile.
     unsafe fn input_transform<T>(
         p: &Conv2dParams,
         plan: &Plan,
@@ -358,7 +413,9 @@ multiversion! {
         g: usize,
         rows: (usize, usize),
         cols: (usize, usize),
-        v: &mut [T],
+        chans: (usize, usize),
+        v: SharedMut<T>,
+        v_stride: usize,
         ebuf: &mut [T],
         obuf: &mut [T],
     ) => input_transform_impl
@@ -373,7 +430,9 @@ unsafe fn input_transform_impl<T: Float>(
     g: usize,
     rows: (usize, usize),
     cols: (usize, usize),
-    v: &mut [T],
+    chans: (usize, usize),
+    v: SharedMut<T>,
+    v_stride: usize,
     ebuf: &mut [T],
     obuf: &mut [T],
 ) {
@@ -383,7 +442,7 @@ unsafe fn input_transform_impl<T: Float>(
     let nt = (rows.1 - rows.0) * tw;
     // Input transform, one (channel, tile row) at a time.
     let x_start = (2 * cols.0) as isize - p.padding.left as isize;
-    for c in 0..icg {
+    for c in chans.0..chans.1 {
         for (ri, r) in (rows.0..rows.1).enumerate() {
             let (n, ty) = (r / plan.tiles_h, r % plan.tiles_h);
             let plane = &input[(n * p.in_channels + g * icg + c) * plane_in..][..plane_in];
@@ -397,11 +456,11 @@ unsafe fn input_transform_impl<T: Float>(
                     .then(|| &plane[y as usize * p.in_w..][..p.in_w]);
                 deinterleave(row, x_start, e, o);
             }
-            let mut dst = v
-                .chunks_exact_mut(v.len() / POSITIONS)
-                .map(|vx| &mut vx[c * nt + ri * tw..][..tw]);
-            let mut vs: [&mut [T]; POSITIONS] =
-                std::array::from_fn(|_| dst.next().expect("16 positions"));
+            // SAFETY: the caller's v holds 16 planes of v_stride >= icg * nt
+            // elements, and channel c of each is this call's alone.
+            let mut vs: [&mut [T]; POSITIONS] = std::array::from_fn(|xi| unsafe {
+                std::slice::from_raw_parts_mut(v.0.add(xi * v_stride + c * nt + ri * tw), tw)
+            });
             let e: [&[T]; 4] = std::array::from_fn(|i| &ebuf[i * (tw + 1)..][..tw + 1]);
             let o: [&[T]; 4] = std::array::from_fn(|i| &obuf[i * (tw + 1)..][..tw + 1]);
             input_row(e, o, &mut vs, tw);
@@ -410,8 +469,8 @@ unsafe fn input_transform_impl<T: Float>(
 }
 
 multiversion! {
-    /// Writes `Aᵀ m A` plus bias of the block's tiles (`m` is `[16, ocg,
-    /// tiles]`) into the output.
+    /// Writes `Aᵀ m A` plus bias of output channels `chans` of the block's
+    /// tiles (`m` is `[16, ocg, tiles]`) into the output.
     ///
     /// # Safety
     /// As for [`block`].
@@ -423,6 +482,7 @@ multiversion! {
         g: usize,
         rows: (usize, usize),
         cols: (usize, usize),
+        chans: (usize, usize),
         out: SharedMut<T>,
     ) => output_transform_impl
 }
@@ -437,6 +497,7 @@ unsafe fn output_transform_impl<T: Float>(
     g: usize,
     rows: (usize, usize),
     cols: (usize, usize),
+    chans: (usize, usize),
     out: SharedMut<T>,
 ) {
     let ocg = p.out_channels_per_group();
@@ -447,7 +508,7 @@ unsafe fn output_transform_impl<T: Float>(
     // Output transform, one (output channel, tile row) at a time.
     let x0 = 2 * cols.0;
     let width = (2 * cols.1).min(ow) - x0;
-    for oc in 0..ocg {
+    for oc in chans.0..chans.1 {
         let b = bias.map_or(T::zero(), |b| b[g * ocg + oc]);
         for (ri, r) in (rows.0..rows.1).enumerate() {
             let (n, ty) = (r / plan.tiles_h, r % plan.tiles_h);
@@ -504,6 +565,26 @@ mod tests {
     #[test]
     fn winograd_matches_reference_on_two_threads() {
         crate::cpu::test_util::on_two_threads(check_grid);
+    }
+
+    /// Many tile rows in one column block: as many row blocks as a multiple
+    /// of the threads, of even height, and the result still exact.
+    #[test]
+    fn row_blocks_balance_the_threads() {
+        let p = params(2, 4, 5, 1, (200, 6), Padding2d::symmetric(1, 1));
+        let plan = Plan::new(&p, 2);
+        assert_eq!((plan.col_blocks, plan.row_blocks % 2), (1, 0));
+        let rows = p.batch * plan.tiles_h;
+        assert!(plan.row_blocks * plan.rows_per_block - rows < plan.rows_per_block);
+        crate::cpu::test_util::on_two_threads(|| {
+            let mut rng = Rng::new(12);
+            let (input, weight) = (rng.vec(p.input_len()), rng.vec(p.weight_len()));
+            let want = reference_conv(&p, &input, &weight, None);
+            let u = transform_filter(&p, &weight).unwrap();
+            let mut out = vec![f64::NAN; p.output_len()];
+            conv2d(&p, &input, &u, None, &mut out).unwrap();
+            assert_close(&out, &want, 1e-10, "winograd, balanced row blocks");
+        });
     }
 
     fn check_grid() {
