@@ -3,9 +3,9 @@
 
 pub mod packed;
 
-use crate::alloc::KernelResult;
 use rayon::prelude::*;
 
+use crate::alloc::KernelResult;
 use crate::cpu::conv2d::SharedMut;
 use crate::cpu::matmul::{matmul_strided, MatMut, MatPtr};
 use crate::params::LinearParams;
@@ -61,61 +61,53 @@ pub fn gemm<T: Float>(
         rs: 1,
         cs: p.out_features,
     };
+    let out = SharedMut(dst.ptr);
+    // Rows j0..j1 of outputᵀ from rows j0..j1 of the weight.
+    let features = |(j0, j1): (usize, usize), parallelism| {
+        let out = &out;
+        // SAFETY: rows j0..j1 of the weight and of outputᵀ exist (the
+        // lengths are checked above); the buffers are distinct, and each
+        // call writes only its own features' outputs.
+        unsafe {
+            matmul_strided(
+                j1 - j0,
+                p.rows,
+                p.in_features,
+                MatMut {
+                    ptr: out.0.add(j0),
+                    ..dst
+                },
+                bias.is_some(),
+                MatPtr {
+                    ptr: weight.as_ptr().add(j0 * p.in_features),
+                    ..lhs
+                },
+                rhs,
+                parallelism,
+            )
+        }
+    };
     let threads = rayon::current_num_threads();
     let macs = p
         .rows
         .saturating_mul(p.in_features)
         .saturating_mul(p.out_features);
     if p.rows > FEW_ROWS || threads == 1 || macs < SPLIT_MACS {
-        // SAFETY: the three buffers have the lengths checked above and are distinct.
-        unsafe {
-            matmul_strided(
-                p.out_features,
-                p.rows,
-                p.in_features,
-                dst,
-                bias.is_some(),
-                lhs,
-                rhs,
-                ::gemm::Parallelism::Rayon(0),
-            )
-        };
-        return Ok(());
+        features((0, p.out_features), ::gemm::Parallelism::Rayon(0));
+    } else {
+        // Few rows: the gemm crate runs such a product on one thread, so
+        // blocks of output features go to the threads here.
+        let per = p
+            .out_features
+            .div_ceil(threads * BLOCKS_PER_THREAD)
+            .next_multiple_of(16);
+        (0..p.out_features.div_ceil(per))
+            .into_par_iter()
+            .for_each(|blk| {
+                let range = (blk * per, ((blk + 1) * per).min(p.out_features));
+                features(range, ::gemm::Parallelism::None)
+            });
     }
-    // Few rows: the gemm crate runs such a product on one thread, so blocks
-    // of output features (of the weight's rows) go to the threads here.
-    let per = p
-        .out_features
-        .div_ceil(threads * BLOCKS_PER_THREAD)
-        .next_multiple_of(16);
-    let out = SharedMut(dst.ptr);
-    (0..p.out_features.div_ceil(per))
-        .into_par_iter()
-        .for_each(|blk| {
-            let out = &out;
-            let (j0, j1) = (blk * per, ((blk + 1) * per).min(p.out_features));
-            // SAFETY: rows j0..j1 of the weight and of outputᵀ exist (checked
-            // lengths); each block writes only its own features' outputs.
-            unsafe {
-                matmul_strided(
-                    j1 - j0,
-                    p.rows,
-                    p.in_features,
-                    MatMut {
-                        ptr: out.0.add(j0),
-                        rs: 1,
-                        cs: p.out_features,
-                    },
-                    bias.is_some(),
-                    MatPtr {
-                        ptr: weight.as_ptr().add(j0 * p.in_features),
-                        ..lhs
-                    },
-                    rhs,
-                    ::gemm::Parallelism::None,
-                )
-            };
-        });
     Ok(())
 }
 

@@ -193,6 +193,18 @@ struct Columns {
     panel: usize,
 }
 
+#[cfg(target_arch = "x86_64")]
+impl Columns {
+    /// Panels of `[kcur][nr]` as [`Layout::pack`] leaves them.
+    fn packed(packed: &[f32], kcur: usize, nr: usize) -> Self {
+        Columns {
+            ptr: packed.as_ptr(),
+            ldb: nr,
+            panel: kcur * nr,
+        }
+    }
+}
+
 /// One block of output pixels of one image and group: the columns a set of
 /// tasks shares.
 #[cfg(target_arch = "x86_64")]
@@ -281,6 +293,17 @@ impl Layout {
                 32 => to_panels::<32>(src, packed, kcur, k),
                 _ => unreachable!("tiles are 16 or 32 columns wide"),
             }
+        }
+    }
+
+    /// A 1x1 layer's input rows `k0..` of `job`, read where they lie
+    /// ([`Layout::direct_rows`]).
+    fn rows_in_place(&self, p: &Conv2dParams, x: &[f32], job: Job, k0: usize) -> Columns {
+        let at = (job.n * p.in_channels + job.g * self.icg + k0) * self.plane_in + job.c0;
+        Columns {
+            ptr: x[at..].as_ptr(),
+            ldb: self.plane_in,
+            panel: self.kernel.nr,
         }
     }
 
@@ -448,19 +471,10 @@ fn gemm(
             for k0 in (0..l.kk).step_by(KC) {
                 let kcur = KC.min(l.kk - k0);
                 let cols = if in_place {
-                    let at = (job.n * p.in_channels + job.g * l.icg + k0) * l.plane_in + job.c0;
-                    Columns {
-                        ptr: x[at..].as_ptr(),
-                        ldb: l.plane_in,
-                        panel: kernel.nr,
-                    }
+                    l.rows_in_place(p, x, job, k0)
                 } else {
                     l.pack(p, x, job, k0, kcur, packed);
-                    Columns {
-                        ptr: packed.as_ptr(),
-                        ldb: kernel.nr,
-                        panel: kcur * kernel.nr,
-                    }
+                    Columns::packed(packed, kcur, kernel.nr)
                 };
                 // SAFETY: task t alone writes these rows and pixels.
                 unsafe { l.multiply(p, w, b, job, rows, (k0, kcur), cols, out_ptr.0) };
@@ -532,12 +546,7 @@ fn shared_columns(
             let packed = &buf[j * job_len..][..job_len];
             for k0 in (0..l.kk).step_by(KC) {
                 let kcur = KC.min(l.kk - k0);
-                let slice = &packed[k0 * l.max_panels * nr..];
-                let cols = Columns {
-                    ptr: slice.as_ptr(),
-                    ldb: nr,
-                    panel: kcur * nr,
-                };
+                let cols = Columns::packed(&packed[k0 * l.max_panels * nr..], kcur, nr);
                 // SAFETY: task t alone writes these rows and pixels.
                 unsafe { l.multiply(p, w, b, job, rows, (k0, kcur), cols, out.0) };
             }

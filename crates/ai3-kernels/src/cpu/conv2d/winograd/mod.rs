@@ -307,15 +307,23 @@ unsafe fn block<T: Float>(
     let v_len = POSITIONS * v_stride;
     let m_len = POSITIONS * m_stride;
     let eo_len = 8 * (tw + 1);
-    with_scratch::<T, _>(v_len + m_len, |buf| {
-        let (v, m) = buf.split_at_mut(v_len);
+    // Threads that share a block's GEMMs share its transforms too, by
+    // channel ranges, each input range with tile-row buffers of its own.
+    let parts = if share_gemms {
+        2 * rayon::current_num_threads()
+    } else {
+        1
+    };
+    let (in_per, out_per) = (icg.div_ceil(parts).max(1), ocg.div_ceil(parts).max(1));
+    let in_parts = icg.div_ceil(in_per);
+    with_scratch::<T, _>(v_len + m_len + in_parts * eo_len, |buf| {
+        let (v, rest) = buf.split_at_mut(v_len);
+        let (m, eo) = rest.split_at_mut(m_len);
         let v_out = SharedMut(v.as_mut_ptr());
-        // Channels `c0..c1` of the input transform, with row buffers of their own.
-        let transform_in = |(c0, c1): (usize, usize)| {
-            let mut eo = try_zeroed_vec::<T>(eo_len, "Winograd tile rows")?;
+        let transform_in = |(i, eo): (usize, &mut [T])| {
             let (ebuf, obuf) = eo.split_at_mut(4 * (tw + 1));
             // SAFETY: v holds 16 planes of v_stride >= icg * nt elements;
-            // channels c0..c1 of them are written by this call only.
+            // channels of range i are written by this call only.
             unsafe {
                 input_transform(
                     p,
@@ -324,23 +332,18 @@ unsafe fn block<T: Float>(
                     g,
                     rows,
                     cols,
-                    (c0, c1),
+                    (i * in_per, ((i + 1) * in_per).min(icg)),
                     v_out,
                     v_stride,
                     ebuf,
                     obuf,
                 )
-            };
-            Ok::<(), KernelError>(())
+            }
         };
         if share_gemms {
-            // The threads that share the GEMMs share the transforms too.
-            let per = icg.div_ceil(rayon::current_num_threads() * 2).max(1);
-            (0..icg.div_ceil(per))
-                .into_par_iter()
-                .try_for_each(|i| transform_in((i * per, ((i + 1) * per).min(icg))))?;
+            eo.par_chunks_mut(eo_len).enumerate().for_each(transform_in);
         } else {
-            transform_in((0, icg))?;
+            eo.chunks_mut(eo_len).enumerate().for_each(transform_in);
         }
         let v = &*v;
         let m_out = SharedMut(m.as_mut_ptr());
@@ -380,21 +383,19 @@ unsafe fn block<T: Float>(
         }
 
         let m = &*m;
-        // SAFETY: forwarded from the caller; output channels o0..o1 of the
-        // block are written by this call only.
-        let transform_out = |chans: (usize, usize)| unsafe {
+        // SAFETY: forwarded from the caller; the output channels of range i
+        // of the block are written by this call only.
+        let transform_out = |i: usize| unsafe {
+            let chans = (i * out_per, ((i + 1) * out_per).min(ocg));
             output_transform(p, plan, m, bias, g, rows, cols, chans, out)
         };
+        let out_parts = ocg.div_ceil(out_per);
         if share_gemms {
-            let per = ocg.div_ceil(rayon::current_num_threads() * 2).max(1);
-            (0..ocg.div_ceil(per))
-                .into_par_iter()
-                .for_each(|i| transform_out((i * per, ((i + 1) * per).min(ocg))));
+            (0..out_parts).into_par_iter().for_each(transform_out);
         } else {
-            transform_out((0, ocg));
+            (0..out_parts).for_each(transform_out);
         }
-        Ok(())
-    })?
+    })
 }
 
 use crate::isa::multiversion;
