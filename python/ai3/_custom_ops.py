@@ -15,6 +15,7 @@ from typing import Any, List, Optional  # torch.library's schema inference needs
 import torch
 
 from . import _core, threads
+from .errors import DtypeError
 from .tensor import _borrowed
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
@@ -55,10 +56,13 @@ def call(name: str, *args):
     if (
         not torch.compiler.is_compiling()
         and torch.is_inference_mode_enabled()
-        and all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor))
         and not _functorch_active()
     ):
-        return _EAGER[name](*args)
+        for a in args:  # a loop: all() over a generator costs a microsecond more
+            if isinstance(a, torch.Tensor) and type(a) not in _PLAIN:
+                break
+        else:
+            return _EAGER[name](*args)
     return getattr(torch.ops.ai3, name)(*args)
 
 
@@ -73,10 +77,11 @@ _BY_WEIGHT: dict = {}
 def _stamp(t: Optional[torch.Tensor]):
     """What identifies a weight's current contents to PyTorch: its storage and
     version counter (bumped by every in-place update: optimizer steps,
-    ``load_state_dict``, ``nn.init``), shape, strides and dtype."""
+    ``load_state_dict``, ``nn.init``), shape, strides and dtype. Raises
+    RuntimeError for an inference tensor, which has no version counter."""
     if t is None:
         return None
-    return (id(t), t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype)
+    return (id(t), t.data_ptr(), t._version, t.shape, t.stride(), t.dtype)
 
 
 def _built(dtype: str, build) -> "_core.Model":
@@ -102,10 +107,11 @@ def _model_for(op: str, dtype: str, build, weights: tuple, config: tuple) -> "_c
                 _BY_CONFIG.clear()
             model = _BY_CONFIG[key] = _built(dtype, build)
         return model
-    if any(w is not None and w.is_inference() for w in weights):
+    try:
+        key = (op, dtype, config, tuple([_stamp(w) for w in weights]))
+    except RuntimeError:  # an inference tensor: nothing tells whether it changed
         return _built(dtype, build)
     first = weights[0]
-    key = (op, dtype, config, tuple(_stamp(w) for w in weights))
     entry = _BY_WEIGHT.get(id(first))
     if entry is not None and entry[0]() is first and entry[1] == key:
         return entry[2]
@@ -124,9 +130,9 @@ def _model_for(op: str, dtype: str, build, weights: tuple, config: tuple) -> "_c
 def _run(op: str, x: torch.Tensor, weights: dict, algorithm: str, **params: Any) -> torch.Tensor:
     """Runs ``x`` through a one-node ai3 model of ``op`` with these weights and
     parameters (by name), borrowing the weights (no copies). Models are reused
-    while ``weights`` are unchanged and ``params`` equal (see :func:`_model_for`)."""
-    from .errors import DtypeError
-
+    while ``weights`` are unchanged and ``params`` equal (see :func:`_model_for`).
+    Each operator passes its parameters in one fixed order, so they key the
+    cache as given."""
     name = _DTYPE_NAMES.get(x.dtype)
     if name is None:
         raise DtypeError(
@@ -139,7 +145,7 @@ def _run(op: str, x: torch.Tensor, weights: dict, algorithm: str, **params: Any)
         held = {k: _detached(w) for k, w in weights.items()}
         return model.add(op, op, [0], {**held, **params}, algorithm)
 
-    config = (algorithm, *sorted(params.items()))
+    config = (algorithm, tuple(params.items()))
     model = _model_for(op, name, build, tuple(weights.values()), config)
     return torch.from_dlpack(model.run([_borrowed(x.detach())])[0])
 

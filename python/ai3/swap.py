@@ -143,10 +143,11 @@ class Conv2d(_Swapped):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, batched = _as_batched(self.op, x)
         algo = self._algo(x)
-        if x.dtype != self.weight.dtype:
+        weight = self.weight
+        if x.dtype != weight.dtype:
             raise DtypeError(
                 f"conv2d: input of shape {list(x.shape)} is {x.dtype} but the weight of shape "
-                f"{list(self.weight.shape)} is {self.weight.dtype}"
+                f"{list(weight.shape)} is {weight.dtype}"
             )
         s = self.spec
         top, bottom, left, right = s.padding
@@ -157,15 +158,7 @@ class Conv2d(_Swapped):
             # Asymmetric 'same' padding: the extra zeros go bottom/right, as in PyTorch.
             x = F.pad(x, (0, right - left, 0, bottom - top))
         y = _custom_ops.call(
-            "conv2d",
-            x,
-            self.weight,
-            self.bias,
-            list(s.stride),
-            [top, left],
-            list(s.dilation),
-            s.groups,
-            algo,
+            "conv2d", x, weight, self.bias, s.stride, (top, left), s.dilation, s.groups, algo
         )
         return y if batched else y.squeeze(0)
 
