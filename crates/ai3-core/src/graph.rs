@@ -523,7 +523,9 @@ impl Graph {
             }
         }
         // Allocated outside the lock: other threads keep running meanwhile.
-        let arena = Tensor::zeros(DType::F32, &[bytes.div_ceil(4)]).map_err(|e| {
+        // Not zeroed: it is reused from call to call, so every kernel must
+        // write its output whole anyway (debug builds fill it with NaN).
+        let arena = Tensor::unfilled(DType::F32, &[bytes.div_ceil(4)]).map_err(|e| {
             let Error::OutOfMemory { .. } = e else {
                 return e.with_op("model");
             };
@@ -675,7 +677,9 @@ impl Graph {
                         Box::new(()),
                     )?
                 },
-                None => Tensor::zeros(self.dtype, shape).map_err(|e| {
+                // Every kernel writes its output whole (the arena, reused
+                // from call to call, relies on it too): no zeroing.
+                None => Tensor::unfilled(self.dtype, shape).map_err(|e| {
                     let ins = self.input_shapes_str(node, &plan.shapes);
                     let e = match e {
                         Error::OutOfMemory { .. } => Error::out_of_memory(

@@ -3,6 +3,8 @@
 
 use std::any::Any;
 use std::fmt;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ai3_kernels::alloc::{try_zeroed_vec, KernelError, Zeroable};
 
@@ -19,10 +21,23 @@ struct Block([u8; ALIGNMENT]);
 // SAFETY: a plain array of bytes; zero bytes are a valid value.
 unsafe impl Zeroable for Block {}
 
+/// Whether [`Tensor::unfilled`] fills its memory with NaN.
+static POISON_UNFILLED: AtomicBool = AtomicBool::new(cfg!(debug_assertions));
+
+/// From now on, [`Tensor::unfilled`] fills what it allocates with NaN (every
+/// byte 0xFF) when `on`, else leaves it as the allocator gave it. For test
+/// suites: outputs and arenas are unfilled, so with this on, any element a
+/// kernel leaves unwritten shows as NaN in a comparison. On by default in
+/// debug builds; the Python test suite turns it on in release builds too.
+pub fn poison_unfilled(on: bool) {
+    POISON_UNFILLED.store(on, Ordering::Relaxed);
+}
+
 /// Memory behind a tensor.
 enum Storage {
-    /// A buffer ai3 allocated, 64-byte aligned.
-    Owned(Vec<Block>),
+    /// A buffer ai3 allocated, 64-byte aligned: zeroed, or written whole by
+    /// the kernel it was made for (see [`Tensor::unfilled`]).
+    Owned(Vec<MaybeUninit<Block>>),
     /// Memory owned by someone else (a DLPack producer such as torch), kept
     /// alive by `owner` until this storage is dropped.
     Borrowed {
@@ -47,10 +62,32 @@ impl Storage {
     /// Zeroed, 64-byte aligned memory of at least `bytes`, or the
     /// allocator's refusal.
     fn owned_zeroed(bytes: usize) -> std::result::Result<Self, KernelError> {
-        Ok(Storage::Owned(try_zeroed_vec(
-            bytes.div_ceil(ALIGNMENT),
-            "tensor",
-        )?))
+        let blocks: Vec<Block> = try_zeroed_vec(bytes.div_ceil(ALIGNMENT), "tensor")?;
+        let mut blocks = std::mem::ManuallyDrop::new(blocks);
+        let (ptr, len, cap) = (blocks.as_mut_ptr(), blocks.len(), blocks.capacity());
+        // SAFETY: the same allocation, as values of a type with the same layout.
+        Ok(Storage::Owned(unsafe {
+            Vec::from_raw_parts(ptr.cast::<MaybeUninit<Block>>(), len, cap)
+        }))
+    }
+
+    /// 64-byte aligned memory of at least `bytes`, not zeroed: its contents
+    /// are whatever the allocator had there, or every byte 0xFF (a NaN in f32
+    /// and f64) while [`poison_unfilled`] is on.
+    fn owned_unfilled(bytes: usize) -> std::result::Result<Self, KernelError> {
+        let blocks = bytes.div_ceil(ALIGNMENT);
+        let mut v = Vec::new();
+        v.try_reserve_exact(blocks)
+            .map_err(|_| KernelError::Alloc {
+                what: "tensor",
+                bytes: blocks.saturating_mul(ALIGNMENT),
+            })?;
+        // SAFETY: MaybeUninit needs no initialisation; the capacity was reserved.
+        unsafe { v.set_len(blocks) };
+        if POISON_UNFILLED.load(Ordering::Relaxed) {
+            v.fill(MaybeUninit::new(Block([0xFF; ALIGNMENT])));
+        }
+        Ok(Storage::Owned(v))
     }
 
     fn as_ptr(&self) -> *const u8 {
@@ -158,15 +195,8 @@ impl Tensor {
     /// ```
     pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Self> {
         let bytes = checked_bytes("tensor", dtype, shape)?;
-        let storage = Storage::owned_zeroed(bytes).map_err(|e| match e {
-            KernelError::Alloc { bytes, .. } => Error::out_of_memory(
-                "tensor",
-                &format!("a {dtype} tensor of shape {}", shape_str(shape)),
-                bytes,
-                "",
-            ),
-            other => Error::from_kernel("tensor", &format!("shape {}", shape_str(shape)), other),
-        })?;
+        let storage =
+            Storage::owned_zeroed(bytes).map_err(|e| Self::alloc_error(dtype, shape, e))?;
         Ok(Tensor {
             dtype,
             shape: shape.to_vec(),
@@ -174,6 +204,38 @@ impl Tensor {
             device: Device::Cpu,
             storage,
         })
+    }
+
+    /// A new owned CPU tensor for a kernel to write whole, not zeroed
+    /// (zeroing a layer's output that its kernel then overwrites costs as
+    /// much as a pass of a cheap layer). Its elements are unspecified until
+    /// written: only for outputs that every kernel writes in full, the
+    /// contract the graph's reused arena already relies on. Debug builds fill
+    /// it with NaN (see [`poison_unfilled`]), so a test catches an element
+    /// left unwritten.
+    pub fn unfilled(dtype: DType, shape: &[usize]) -> Result<Self> {
+        let bytes = checked_bytes("tensor", dtype, shape)?;
+        let storage =
+            Storage::owned_unfilled(bytes).map_err(|e| Self::alloc_error(dtype, shape, e))?;
+        Ok(Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            device: Device::Cpu,
+            storage,
+        })
+    }
+
+    fn alloc_error(dtype: DType, shape: &[usize], e: KernelError) -> Error {
+        match e {
+            KernelError::Alloc { bytes, .. } => Error::out_of_memory(
+                "tensor",
+                &format!("a {dtype} tensor of shape {}", shape_str(shape)),
+                bytes,
+                "",
+            ),
+            other => Error::from_kernel("tensor", &format!("shape {}", shape_str(shape)), other),
+        }
     }
 
     /// A new owned CPU tensor holding a copy of `data`.
@@ -458,6 +520,28 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unfilled_tensors_are_aligned_and_poisoned_in_debug_builds() {
+        for (dtype, shape) in [
+            (DType::F32, vec![3usize, 5]),
+            (DType::F64, vec![7]),
+            (DType::F32, vec![0, 4]),
+        ] {
+            let t = Tensor::unfilled(dtype, &shape).unwrap();
+            assert_eq!(t.shape(), &shape[..]);
+            assert!(t.is_contiguous());
+            assert_eq!(t.data_ptr() as usize % ALIGNMENT, 0);
+            if POISON_UNFILLED.load(Ordering::Relaxed) {
+                match dtype {
+                    DType::F32 => assert!(t.as_slice::<f32>().unwrap().iter().all(|v| v.is_nan())),
+                    _ => assert!(t.as_slice::<f64>().unwrap().iter().all(|v| v.is_nan())),
+                }
+            }
+        }
+        let huge = Tensor::unfilled(DType::F32, &[1 << 20, 1 << 20, 1 << 10]);
+        assert!(matches!(huge, Err(Error::OutOfMemory { .. })), "4 PB");
+    }
 
     #[test]
     fn owned_buffers_are_aligned_and_zeroed() {

@@ -113,6 +113,14 @@ fn _park_openmp(on: bool) -> bool {
     ai3_core::threads::park_openmp(on)
 }
 
+/// Makes the outputs and arenas runs allocate (not zeroed) come filled with
+/// NaN from now on, or not: for test suites, which then see any element a
+/// kernel leaves unwritten (`ai3_core::tensor::poison_unfilled`).
+#[pyfunction]
+fn _poison_unfilled(on: bool) {
+    ai3_core::tensor::poison_unfilled(on)
+}
+
 /// Whether runs park the idle threads of PyTorch's OpenMP runtime.
 #[pyfunction]
 fn _parks_openmp() -> bool {
@@ -150,5 +158,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
     m.add_function(wrap_pyfunction!(_park_openmp, m)?)?;
     m.add_function(wrap_pyfunction!(_parks_openmp, m)?)?;
+    m.add_function(wrap_pyfunction!(_poison_unfilled, m)?)?;
     Ok(())
 }
