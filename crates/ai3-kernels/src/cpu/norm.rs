@@ -3,6 +3,7 @@
 use rayon::prelude::*;
 
 use crate::alloc::{check_len, KernelResult};
+use crate::isa::multiversion;
 use crate::Float;
 
 /// `output = act(input * scale[c] + shift[c])` for an input `[batch,
@@ -52,7 +53,7 @@ pub fn scale_shift<T: Float, F: Fn(T) -> T + Sync>(
 
 /// Layer norm over the last `cols` elements of each of `rows` rows: `(x -
 /// mean) / sqrt(var + eps) * weight + bias`, with the biased variance.
-/// Statistics are accumulated in f64.
+/// Statistics are accumulated in f64, over [`LANES`] partial sums per row.
 pub fn layernorm<T: Float>(
     cols: usize,
     eps: f64,
@@ -71,27 +72,82 @@ pub fn layernorm<T: Float>(
     if cols == 0 {
         return Ok(());
     }
-    let f = |v: T| v.to_f64().unwrap_or(f64::NAN);
-    let t = |v: f64| T::from_f64(v).unwrap_or_else(T::nan);
     output
         .par_chunks_mut(cols)
         .zip(input.par_chunks(cols))
-        .for_each(|(o, x)| {
-            let mean = x.iter().map(|&v| f(v)).sum::<f64>() / cols as f64;
-            let var = x.iter().map(|&v| (f(v) - mean).powi(2)).sum::<f64>() / cols as f64;
-            let (mean, rstd) = (t(mean), t(1.0 / (var + eps).sqrt()));
-            for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
-                let mut y = (v - mean) * rstd;
-                if let Some(w) = weight {
-                    y *= w[j];
-                }
-                if let Some(b) = bias {
-                    y += b[j];
-                }
-                *o = y;
-            }
-        });
+        // SAFETY: the rows have the same length (checked above), as do
+        // `weight` and `bias` (`cols`).
+        .for_each(|(o, x)| unsafe { layernorm_row(eps, weight, bias, x, o) });
     Ok(())
+}
+
+/// Lanes of independent sums: the compiler vectorises sums it may split.
+const LANES: usize = 8;
+
+/// The sum of `f(v)` over `x` in f64, over [`LANES`] partial sums.
+#[inline(always)]
+fn lane_sum<T: Float>(x: &[T], f: impl Fn(T) -> f64) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder().iter().map(|&v| f(v)).sum::<f64>();
+    for c in chunks {
+        for i in 0..LANES {
+            acc[i] += f(c[i]);
+        }
+    }
+    acc.iter().sum::<f64>() + rest
+}
+
+multiversion! {
+    /// One row of [`layernorm`]: see [`layernorm_row_impl`].
+    unsafe fn layernorm_row<T>(eps: f64, weight: Option<&[T]>, bias: Option<&[T]>, x: &[T], o: &mut [T]) => layernorm_row_impl
+}
+
+/// One row: statistics in f64 over [`LANES`] partial sums, then `(x - mean)
+/// * rstd`, times the weight, plus the bias, in `T`.
+///
+/// # Safety
+/// `o` is as long as `x`, and so are `weight` and `bias` when given.
+#[inline(always)]
+unsafe fn layernorm_row_impl<T: Float>(
+    eps: f64,
+    weight: Option<&[T]>,
+    bias: Option<&[T]>,
+    x: &[T],
+    o: &mut [T],
+) {
+    let f = |v: T| v.to_f64().unwrap_or(f64::NAN);
+    let t = |v: f64| T::from_f64(v).unwrap_or_else(T::nan);
+    let n = x.len() as f64;
+    let mean = lane_sum(x, f) / n;
+    let var = lane_sum(x, |v| (f(v) - mean).powi(2)) / n;
+    let (mean, rstd) = (t(mean), t(1.0 / (var + eps).sqrt()));
+    let o = &mut o[..x.len()];
+    match (weight, bias) {
+        (Some(w), Some(b)) => {
+            let (w, b) = (&w[..x.len()], &b[..x.len()]);
+            for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
+                *o = (v - mean) * rstd * w[j] + b[j];
+            }
+        }
+        (Some(w), None) => {
+            let w = &w[..x.len()];
+            for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
+                *o = (v - mean) * rstd * w[j];
+            }
+        }
+        (None, Some(b)) => {
+            let b = &b[..x.len()];
+            for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
+                *o = (v - mean) * rstd + b[j];
+            }
+        }
+        (None, None) => {
+            for (o, &v) in o.iter_mut().zip(x) {
+                *o = (v - mean) * rstd;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -127,7 +183,8 @@ mod tests {
         for (rows, cols) in [(1, 1), (3, 8), (5, 33), (2, 1000)] {
             let x: Vec<f64> = rng.vec(rows * cols).iter().map(|v| 3.0 + v).collect();
             let (w, b) = (rng.vec(cols), rng.vec(cols));
-            for affine in [false, true] {
+            // Weight and bias each given or not.
+            for (use_w, use_b) in [(false, false), (true, true), (true, false), (false, true)] {
                 let mut want = vec![0.0; x.len()];
                 for r in 0..rows {
                     let row = &x[r * cols..(r + 1) * cols];
@@ -136,23 +193,19 @@ mod tests {
                         row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
                     for j in 0..cols {
                         let y = (row[j] - mean) / (var + 1e-5).sqrt();
-                        want[r * cols + j] = if affine { y * w[j] + b[j] } else { y };
+                        let y = if use_w { y * w[j] } else { y };
+                        want[r * cols + j] = if use_b { y + b[j] } else { y };
                     }
                 }
-                let (wo, bo) = if affine {
-                    (Some(w.as_slice()), Some(b.as_slice()))
-                } else {
-                    (None, None)
-                };
+                let (wo, bo) = (use_w.then_some(w.as_slice()), use_b.then_some(b.as_slice()));
                 let mut out = vec![f64::NAN; x.len()];
                 layernorm(cols, 1e-5, wo, bo, &x, &mut out).unwrap();
                 assert_close(&out, &want, 1e-12, "f64");
                 let (w32, b32) = (cast::<f32>(&w), cast::<f32>(&b));
-                let (wo, bo) = if affine {
-                    (Some(w32.as_slice()), Some(b32.as_slice()))
-                } else {
-                    (None, None)
-                };
+                let (wo, bo) = (
+                    use_w.then_some(w32.as_slice()),
+                    use_b.then_some(b32.as_slice()),
+                );
                 let mut out32 = vec![f32::NAN; x.len()];
                 layernorm(cols, 1e-5, wo, bo, &cast(&x), &mut out32).unwrap();
                 assert_close(&out32, &want, 1e-5, "f32");
