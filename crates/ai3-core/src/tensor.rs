@@ -194,16 +194,7 @@ impl Tensor {
     /// assert!(matches!(overflow, Err(Error::Shape { .. })), "2^64 bytes");
     /// ```
     pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Self> {
-        let bytes = checked_bytes("tensor", dtype, shape)?;
-        let storage =
-            Storage::owned_zeroed(bytes).map_err(|e| Self::alloc_error(dtype, shape, e))?;
-        Ok(Tensor {
-            dtype,
-            shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
-            device: Device::Cpu,
-            storage,
-        })
+        Self::owned(dtype, shape, Storage::owned_zeroed)
     }
 
     /// A new owned CPU tensor for a kernel to write whole, not zeroed
@@ -214,9 +205,17 @@ impl Tensor {
     /// it with NaN (see [`poison_unfilled`]), so a test catches an element
     /// left unwritten.
     pub fn unfilled(dtype: DType, shape: &[usize]) -> Result<Self> {
+        Self::owned(dtype, shape, Storage::owned_unfilled)
+    }
+
+    /// A new owned contiguous CPU tensor whose storage `alloc` makes.
+    fn owned(
+        dtype: DType,
+        shape: &[usize],
+        alloc: fn(usize) -> std::result::Result<Storage, KernelError>,
+    ) -> Result<Self> {
         let bytes = checked_bytes("tensor", dtype, shape)?;
-        let storage =
-            Storage::owned_unfilled(bytes).map_err(|e| Self::alloc_error(dtype, shape, e))?;
+        let storage = alloc(bytes).map_err(|e| Self::alloc_error(dtype, shape, e))?;
         Ok(Tensor {
             dtype,
             shape: shape.to_vec(),

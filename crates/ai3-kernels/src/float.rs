@@ -51,6 +51,20 @@ impl Float for f32 {
     }
 }
 
+/// Cephes' `expf`: `ln 2` in two parts for the reduction `x - n ln 2`, and
+/// the coefficients of its polynomial for `exp(r)`, highest degree first.
+#[cfg(target_arch = "x86_64")]
+const EXP_LN2: [f32; 2] = [0.693_359_4, -2.121_944_4e-4];
+#[cfg(target_arch = "x86_64")]
+const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    0.166_666_65,
+    0.5,
+];
+
 /// f32 `exp` on 16 lanes at a time.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
@@ -71,17 +85,11 @@ pub(crate) mod avx512 {
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm512_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(super::EXP_LN2[0]), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(super::EXP_LN2[1]), r);
+        let mut p = _mm512_set1_ps(super::EXP_POLY[0]);
+        for c in &super::EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
         }
         let p = _mm512_fmadd_ps(
             _mm512_mul_ps(p, r),
@@ -127,17 +135,11 @@ pub(crate) mod avx2 {
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(xc, _mm256_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), xc);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(super::EXP_LN2[0]), xc);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(super::EXP_LN2[1]), r);
+        let mut p = _mm256_set1_ps(super::EXP_POLY[0]);
+        for c in &super::EXP_POLY[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
         }
         let p = _mm256_fmadd_ps(
             _mm256_mul_ps(p, r),

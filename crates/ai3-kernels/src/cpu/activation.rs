@@ -190,6 +190,18 @@ pub fn gelu_f32_serial(data: &mut [f32], tanh: bool) {
     data.iter_mut().for_each(|x| *x = f(*x));
 }
 
+/// [`scalar::erf`]'s f32 formula (Abramowitz and Stegun 7.1.26): `erf(a) = 1
+/// - r(t) t exp(-a^2)` with `t = 1 / (1 + ERF_P a)` and `r` the polynomial
+/// of `ERF_POLY` (highest degree first).
+const ERF_P: f32 = 0.327_591_1;
+const ERF_POLY: [f32; 5] = [
+    1.061_405_4,
+    -1.453_152_1,
+    1.421_413_8,
+    -0.284_496_73,
+    0.254_829_6,
+];
+
 /// GELU over `data` in place, 8 lanes at a time ([`gelu8`]), the tail by
 /// [`gelu_lane`].
 ///
@@ -235,10 +247,10 @@ unsafe fn gelu8(x: std::arch::x86_64::__m256, tanh: bool) -> std::arch::x86_64::
         let z = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
         let sign_bit = _mm256_set1_ps(-0.0);
         let a = _mm256_andnot_ps(sign_bit, z);
-        let t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.327_591_1), a, one));
-        let mut r = _mm256_set1_ps(1.061_405_4);
-        for c in [-1.453_152_1, 1.421_413_8, -0.284_496_73, 0.254_829_6] {
-            r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(c));
+        let t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(ERF_P), a, one));
+        let mut r = _mm256_set1_ps(ERF_POLY[0]);
+        for c in &ERF_POLY[1..] {
+            r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(*c));
         }
         let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(z, z)));
         let y = _mm256_fnmadd_ps(_mm256_mul_ps(r, t), e, one); // erf(|z|)
@@ -264,9 +276,8 @@ fn gelu_lane<const TANH: bool>(x: f32) -> f32 {
         return x / (1.0 + exp_f32(-2.0 * inner));
     }
     let z = x * std::f32::consts::FRAC_1_SQRT_2;
-    let t = 1.0 / (0.327_591_1 * z.abs() + 1.0);
-    let r =
-        (((1.061_405_4 * t - 1.453_152_1) * t + 1.421_413_8) * t - 0.284_496_73) * t + 0.254_829_6;
+    let t = 1.0 / (ERF_P * z.abs() + 1.0);
+    let r = ERF_POLY[1..].iter().fold(ERF_POLY[0], |r, &c| r * t + c);
     let erf = (1.0 - r * t * exp_f32(-(z * z))).copysign(z);
     x * 0.5 * (1.0 + erf)
 }
@@ -292,10 +303,10 @@ mod vector {
         }
         let z = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
         let a = _mm512_abs_ps(z);
-        let t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.327_591_1), a, one));
-        let mut r = _mm512_set1_ps(1.061_405_4);
-        for c in [-1.453_152_1, 1.421_413_8, -0.284_496_73, 0.254_829_6] {
-            r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(c));
+        let t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(super::ERF_P), a, one));
+        let mut r = _mm512_set1_ps(super::ERF_POLY[0]);
+        for c in &super::ERF_POLY[1..] {
+            r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(*c));
         }
         let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(z, z)));
         let y = _mm512_fnmadd_ps(_mm512_mul_ps(r, t), e, one); // erf(|z|)
