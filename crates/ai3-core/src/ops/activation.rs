@@ -161,10 +161,10 @@ impl ActivationKind {
     /// `output[i] = activation(input[i])`, every element written; slices of
     /// different lengths are an [`Error::Internal`].
     pub fn apply_to<T: Float>(&self, input: &[T], output: &mut [T]) -> Result<()> {
-        if let (Some(tanh), Some(out)) = (self.f32_gelu(), f32_slice(output)) {
+        if let (Some(act), Some(out)) = (self.f32_vectorised(), f32_slice(output)) {
             if out.len() == input.len() {
                 out.copy_from_slice(f32_slice_ref(input).expect("T is f32"));
-                activation::gelu_f32_inplace(out, tanh);
+                activation::vectorised_f32_inplace(out, act);
                 return Ok(());
             }
         }
@@ -176,16 +176,18 @@ impl ActivationKind {
 
     /// The activation applied in place, e.g. to a convolution's output.
     pub fn apply_inplace<T: Float>(&self, data: &mut [T]) {
-        if let (Some(tanh), Some(d)) = (self.f32_gelu(), f32_slice(data)) {
-            return activation::gelu_f32_inplace(d, tanh);
+        if let (Some(act), Some(d)) = (self.f32_vectorised(), f32_slice(data)) {
+            return activation::vectorised_f32_inplace(d, act);
         }
         with_scalar_fn!(*self, T, map_inplace(data))
     }
 
-    /// For GELU, whether it is the tanh form: GELU has a vectorised f32 kernel.
-    fn f32_gelu(&self) -> Option<bool> {
+    /// This activation's f32 vector kernel, if it has one (those that need `exp`).
+    fn f32_vectorised(&self) -> Option<activation::Vectorised> {
         match self {
-            ActivationKind::Gelu { tanh } => Some(*tanh),
+            ActivationKind::Gelu { tanh } => Some(activation::Vectorised::Gelu { tanh: *tanh }),
+            ActivationKind::Silu => Some(activation::Vectorised::Silu),
+            ActivationKind::Sigmoid => Some(activation::Vectorised::Sigmoid),
             _ => None,
         }
     }
@@ -196,8 +198,8 @@ impl ActivationKind {
         fn each<T: Copy>(data: &mut [T], f: impl Fn(T) -> T) {
             data.iter_mut().for_each(|x| *x = f(*x));
         }
-        if let (Some(tanh), Some(d)) = (self.f32_gelu(), f32_slice(data)) {
-            return activation::gelu_f32_serial(d, tanh);
+        if let (Some(act), Some(d)) = (self.f32_vectorised(), f32_slice(data)) {
+            return activation::vectorised_f32_serial(d, act);
         }
         with_scalar_fn!(*self, T, each(data))
     }
