@@ -17,7 +17,9 @@
 //! its copy.
 //!
 //! The loops are plain Rust compiled once per [ISA level](crate::isa), so they
-//! run on 16 (AVX-512), 8 (AVX2) or the baseline's lanes.
+//! run on 16 (AVX-512), 8 (AVX2) or the baseline's lanes. Stride-1 layers
+//! with 7x7 or taller kernels take another route on AVX2 (f32): blocks of
+//! output rows computed from the copy in registers (see [`rows`]).
 
 use rayon::prelude::*;
 
@@ -64,9 +66,8 @@ struct Layout {
     flat_len: usize,
     /// Offset in the copy of each tap's first read, in `(ky, kx)` order.
     taps: Vec<usize>,
-    /// The output is computed by [`rows::plane`] (AVX2, f32, stride 1, no
-    /// dilation, planes at least [`rows::MIN_WIDTH`] wide) straight from
-    /// the copy, rather than as a flat run.
+    /// The output is computed by [`rows::plane`] straight from the copy
+    /// rather than as a flat run (see [`rows::applies`] for the layers).
     by_rows: bool,
 }
 
