@@ -3,6 +3,7 @@
 use rayon::prelude::*;
 
 use crate::alloc::{check_len, KernelResult};
+use crate::float::lane_sum;
 use crate::isa::multiversion;
 use crate::Float;
 
@@ -53,7 +54,7 @@ pub fn scale_shift<T: Float, F: Fn(T) -> T + Sync>(
 
 /// Layer norm over the last `cols` elements of each of `rows` rows: `(x -
 /// mean) / sqrt(var + eps) * weight + bias`, with the biased variance.
-/// Statistics are accumulated in f64, over [`LANES`] partial sums per row.
+/// Statistics are accumulated in f64, over [`LANES`](crate::float::LANES) partial sums per row.
 pub fn layernorm<T: Float>(
     cols: usize,
     eps: f64,
@@ -81,29 +82,12 @@ pub fn layernorm<T: Float>(
     Ok(())
 }
 
-/// Lanes of independent sums: the compiler vectorises sums it may split.
-const LANES: usize = 8;
-
-/// The sum of `f(v)` over `x` in f64, over [`LANES`] partial sums.
-#[inline(always)]
-fn lane_sum<T: Float>(x: &[T], f: impl Fn(T) -> f64) -> f64 {
-    let mut acc = [0.0f64; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder().iter().map(|&v| f(v)).sum::<f64>();
-    for c in chunks {
-        for i in 0..LANES {
-            acc[i] += f(c[i]);
-        }
-    }
-    acc.iter().sum::<f64>() + rest
-}
-
 multiversion! {
     /// One row of [`layernorm`]: see [`layernorm_row_impl`].
     unsafe fn layernorm_row<T>(eps: f64, weight: Option<&[T]>, bias: Option<&[T]>, x: &[T], o: &mut [T]) => layernorm_row_impl
 }
 
-/// One row: statistics in f64 over [`LANES`] partial sums, then `(x - mean)
+/// One row: statistics in f64 over [`LANES`](crate::float::LANES) partial sums, then `(x - mean)
 /// * rstd`, times the weight, plus the bias, in `T`.
 ///
 /// # Safety

@@ -2,6 +2,8 @@
 
 use super::{for_each_plane, try_table};
 use crate::alloc::KernelResult;
+use crate::float::lane_sum;
+use crate::isa::multiversion;
 use crate::params::AdaptivePool2dParams;
 use crate::Float;
 
@@ -52,15 +54,31 @@ pub fn adaptive_avgpool2d<T: Float>(
 ) -> KernelResult<()> {
     let w = p.in_w;
     for_each_window(p, input, output, |src, (h0, h1), (w0, w1)| {
-        let mut sum = T::zero();
-        for iy in h0..h1 {
-            for &v in &src[iy * w + w0..iy * w + w1] {
-                sum += v;
-            }
-        }
-        let count = (h1 - h0) * (w1 - w0);
-        sum / T::from_usize(count).unwrap_or_else(T::nan)
+        let mut mean = T::zero();
+        let rows = &src[h0 * w..h1 * w];
+        // SAFETY: plain Rust on slices, compiled for the ISA level in use.
+        unsafe { window_mean(rows, w, (w0, w1), &mut mean) };
+        mean
     })
+}
+
+multiversion! {
+    /// `*mean` = the mean of columns `w0..w1` of the rows of width `w` in
+    /// `rows`, summed in f64 over lanes (a global pool sums whole planes).
+    unsafe fn window_mean<T>(rows: &[T], w: usize, cols: (usize, usize), mean: &mut T) => window_mean_impl
+}
+
+#[inline(always)]
+unsafe fn window_mean_impl<T: Float>(rows: &[T], w: usize, (w0, w1): (usize, usize), mean: &mut T) {
+    let f = |v: T| v.to_f64().unwrap_or(f64::NAN);
+    let sum = if w0 == 0 && w1 == w {
+        // Whole rows: one contiguous run.
+        lane_sum(rows, f)
+    } else {
+        rows.chunks_exact(w).map(|r| lane_sum(&r[w0..w1], f)).sum()
+    };
+    let count = (rows.len() / w.max(1)) * (w1 - w0);
+    *mean = T::from_f64(sum / count as f64).unwrap_or_else(T::nan);
 }
 
 /// 2-D adaptive max pooling as PyTorch's `adaptive_max_pool2d`, with the

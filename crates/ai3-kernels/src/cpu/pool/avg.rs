@@ -1,6 +1,7 @@
 //! Average pooling.
 
-use super::{for_each_plane, try_table};
+use super::separable::{pool, Reduce};
+use super::try_table;
 use crate::alloc::{KernelError, KernelResult};
 use crate::params::{AvgPoolOptions, Pool2dParams};
 use crate::Float;
@@ -44,30 +45,30 @@ pub fn avgpool2d<T: Float>(
         });
     }
     let (oh, ow) = (p.out_h(), p.out_w());
+    // The divisor of window (y, x) is a row factor times a column factor.
+    let factor = |o: usize, stride: usize, pad: usize, kernel: usize, len: usize| {
+        let (start, end, clipped_start, clipped_end) = window(o, stride, pad, kernel, len);
+        let count = match opts.divisor_override {
+            Some(_) => 1,
+            None if opts.count_include_pad => (end - start) as usize,
+            None => clipped_end - clipped_start,
+        };
+        T::from_usize(count).unwrap_or_else(T::nan)
+    };
+    let override_t = opts
+        .divisor_override
+        .map_or_else(T::one, |d| T::from_usize(d).unwrap_or_else(T::nan));
     let rows = try_table(oh, |y| {
-        window(y, p.stride.0, p.padding.0, p.kernel.0, p.in_h)
+        override_t * factor(y, p.stride.0, p.padding.0, p.kernel.0, p.in_h)
     })?;
     let cols = try_table(ow, |x| {
-        window(x, p.stride.1, p.padding.1, p.kernel.1, p.in_w)
+        factor(x, p.stride.1, p.padding.1, p.kernel.1, p.in_w)
     })?;
-    for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
-        for (y, &(hs, he, h0, h1)) in rows.iter().enumerate() {
-            for (x, &(ws, we, w0, w1)) in cols.iter().enumerate() {
-                let mut sum = T::zero();
-                for iy in h0..h1 {
-                    for &v in &src[iy * p.in_w + w0..iy * p.in_w + w1] {
-                        sum += v;
-                    }
-                }
-                let divisor = match opts.divisor_override {
-                    Some(d) => d,
-                    None if opts.count_include_pad => ((he - hs) * (we - ws)) as usize,
-                    None => (h1 - h0) * (w1 - w0),
-                };
-                dst[y * ow + x] = sum / T::from_usize(divisor).unwrap_or_else(T::nan);
-            }
+    pool(p, Reduce::Sum, input, output, |y, out| {
+        let r = rows[y];
+        for (o, &c) in out.iter_mut().zip(&cols) {
+            *o = *o / (r * c);
         }
-        Ok(())
     })
 }
 

@@ -1,11 +1,13 @@
 //! 2-D pooling on the CPU: maximum, average, adaptive average and adaptive maximum.
 //!
 //! Each kernel runs one rayon task per `(batch, channel)` plane; windows are
-//! clipped to the input, so padding is never materialised.
+//! clipped to the input, so padding is never materialised. Max and average
+//! pooling share one separable driver (`separable`).
 
 mod adaptive;
 mod avg;
 mod max;
+mod separable;
 
 pub use adaptive::{adaptive_avgpool2d, adaptive_maxpool2d};
 pub use avg::avgpool2d;
