@@ -47,7 +47,7 @@ mod tests {
     }
 
     /// Straight from the definition: the maximum over the window's in-bounds
-    /// positions.
+    /// positions, NaN if any of them is NaN.
     fn naive(p: &Pool2dParams, x: &[f64]) -> Vec<f64> {
         let (oh, ow) = (p.out_h(), p.out_w());
         let mut out = Vec::new();
@@ -70,7 +70,9 @@ mod tests {
                             }
                         }
                     }
-                    out.push(vals.into_iter().fold(f64::NEG_INFINITY, f64::max));
+                    let nan = vals.iter().any(|v| v.is_nan());
+                    let max = vals.into_iter().fold(f64::NEG_INFINITY, f64::max);
+                    out.push(if nan { f64::NAN } else { max });
                 }
             }
         }
@@ -136,6 +138,33 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Stride-1 windows centred by their padding keep the plane's size, and
+    /// the kernel folds a whole plane as one run: the borders, and NaNs
+    /// next to them, must still come out right.
+    #[test]
+    fn same_size_planes_match_naive() {
+        let mut rng = Rng::new(13);
+        for &(h, w) in &[(5, 7), (14, 14), (3, 3), (1, 4), (6, 1)] {
+            for k in [3, 5] {
+                for d in [1, 2] {
+                    let mut p = params(h, w, k, 1, (k - 1) / 2 * d, d, false);
+                    p.batch = 2;
+                    p.channels = 3;
+                    assert_eq!((p.out_h(), p.out_w()), (h, w));
+                    let mut x = rng.vec(p.input_len());
+                    for i in (0..x.len()).step_by(11) {
+                        x[i] = f64::NAN;
+                    }
+                    let mut out = vec![0.0; p.output_len()];
+                    maxpool2d(&p, &x, &mut out).unwrap();
+                    let want = naive(&p, &x);
+                    let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+                    assert!(out.iter().zip(&want).all(|(&a, &b)| same(a, b)), "{p:?}");
                 }
             }
         }

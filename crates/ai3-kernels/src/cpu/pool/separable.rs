@@ -105,49 +105,110 @@ pub(super) fn taps_inside(
     first as usize..end as usize
 }
 
+/// Where output row `y`'s window starts (`y * stride - pad`) and which of
+/// its taps land inside the input; one entry per output row or column.
+type Taps = (isize, std::ops::Range<usize>);
+
 multiversion! {
-    /// `acc[i] = f(a[i], b[i])`: a window's first two rows in one pass.
-    unsafe fn combine_rows<T>(reduce: Reduce, acc: &mut [T], a: &[T], b: &[T]) => combine_rows_impl
+    /// `folded[y]` = the input rows of output row `y`'s window (`rows[y]`,
+    /// `dh` apart) combined, for every output row of a plane: contiguous
+    /// passes over whole rows of width `iw`. Output rows `flat.0..flat.1`
+    /// (stride 1, whole windows inside the input) go as one run, so narrow
+    /// planes do not pay a loop per row.
+    unsafe fn fold_rows<T>(reduce: Reduce, src: &[T], iw: usize, rows: &[Taps], dh: usize, flat: (usize, usize), folded: &mut [T]) => fold_rows_impl
 }
 
 #[inline(always)]
-unsafe fn combine_rows_impl<T: Float>(reduce: Reduce, acc: &mut [T], a: &[T], b: &[T]) {
-    with_combine!(reduce, |f| {
-        for ((o, &x), &y) in acc.iter_mut().zip(a).zip(b) {
-            *o = f(x, y);
-        }
-    })
-}
-
-multiversion! {
-    /// `acc[i] = f(acc[i], row[i])`: one more row of a window.
-    unsafe fn fold_row<T>(reduce: Reduce, acc: &mut [T], row: &[T]) => fold_row_impl
-}
-
-#[inline(always)]
-unsafe fn fold_row_impl<T: Float>(reduce: Reduce, acc: &mut [T], row: &[T]) {
-    with_combine!(reduce, |f| {
-        for (a, &v) in acc.iter_mut().zip(row) {
-            *a = f(*a, v);
-        }
-    })
-}
-
-multiversion! {
-    /// `out[x] = f(v[x * sw + k * dw], k < kw)` for every `x`, where every
-    /// such index lies inside `v`: the windows of a row's interior.
-    unsafe fn windows<T>(reduce: Reduce, v: &[T], out: &mut [T], kw: usize, sw: usize, dw: usize) => windows_impl
-}
-
-#[inline(always)]
-unsafe fn windows_impl<T: Float>(
+unsafe fn fold_rows_impl<T: Float>(
     reduce: Reduce,
-    v: &[T],
-    out: &mut [T],
-    kw: usize,
-    sw: usize,
-    dw: usize,
+    src: &[T],
+    iw: usize,
+    rows: &[Taps],
+    dh: usize,
+    (lo, hi): (usize, usize),
+    folded: &mut [T],
 ) {
+    /// `acc[i] = f(src[base + ky * step + i], ky in taps)`.
+    #[inline(always)]
+    fn run<T: Float>(
+        f: impl Fn(T, T) -> T,
+        identity: T,
+        src: &[T],
+        base: isize,
+        step: usize,
+        taps: std::ops::Range<usize>,
+        acc: &mut [T],
+    ) {
+        let n = acc.len();
+        let row = |ky: usize| &src[(base + (ky * step) as isize) as usize..][..n];
+        match taps.len() {
+            0 => acc.fill(identity),
+            1 => acc.copy_from_slice(row(taps.start)),
+            _ => {
+                let (a, b) = (row(taps.start), row(taps.start + 1));
+                for i in 0..n {
+                    acc[i] = f(a[i], b[i]);
+                }
+                for ky in taps.start + 2..taps.end {
+                    let r = row(ky);
+                    for i in 0..n {
+                        acc[i] = f(acc[i], r[i]);
+                    }
+                }
+            }
+        }
+    }
+    let id = reduce.identity();
+    let step = dh * iw;
+    with_combine!(reduce, |f| {
+        for y in (0..lo).chain(hi..rows.len()) {
+            let (y0, taps) = &rows[y];
+            let acc = &mut folded[y * iw..(y + 1) * iw];
+            run(f, id, src, y0 * iw as isize, step, taps.clone(), acc);
+        }
+        if lo < hi {
+            let (y0, taps) = &rows[lo];
+            let acc = &mut folded[lo * iw..hi * iw];
+            run(f, id, src, y0 * iw as isize, step, taps.clone(), acc);
+        }
+    })
+}
+
+/// The columns of a plane: input (folded) and output widths, the interior
+/// output columns `lo..hi`, and the window along the width.
+#[derive(Clone, Copy)]
+struct Cols {
+    iw: usize,
+    ow: usize,
+    lo: usize,
+    hi: usize,
+    pad: usize,
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+}
+
+multiversion! {
+    /// For every row pair of `folded` (width `c.iw`) and `out` (width
+    /// `c.ow`): `out[x] = f(v[x * stride + k * dilation], k < kernel)` for
+    /// the interior columns `x`, where `v` is the folded row from column
+    /// `lo * stride - pad` on. Other columns may be written too; the caller's
+    /// border pass overwrites them.
+    unsafe fn windows<T>(reduce: Reduce, folded: &[T], out: &mut [T], c: Cols) => windows_impl
+}
+
+#[inline(always)]
+unsafe fn windows_impl<T: Float>(reduce: Reduce, folded: &[T], out: &mut [T], c: Cols) {
+    let Cols {
+        iw,
+        ow,
+        lo: x_lo,
+        hi: x_hi,
+        pad: pw,
+        kernel: kw,
+        stride: sw,
+        dilation: dw,
+    } = c;
     // The shapes CNNs use, with the window fixed so the loop vectorises
     // (stride 2 as interleaved loads).
     #[inline(always)]
@@ -166,14 +227,50 @@ unsafe fn windows_impl<T: Float>(
             *o = (1..K).fold(tap(0), |acc, k| f(acc, tap(k)));
         }
     }
+    if x_lo >= x_hi {
+        return;
+    }
+    // Index loops, not iterator adapters: those are generic functions of
+    // their own that need not inline into this ISA-specific one.
+    let row = |y: usize| &folded[y * iw + x_lo * sw - pw..(y + 1) * iw];
+    let n = out.len() / ow.max(1);
+    if sw == 1 && ow == iw && n > 0 {
+        // Rows as wide as their folded rows: one run over the plane. The
+        // columns between two rows' interiors get values mixed from both,
+        // which the caller's border pass overwrites.
+        let (v, o) = (&folded[x_lo - pw..], &mut out[x_lo..(n - 1) * ow + x_hi]);
+        return with_combine!(reduce, |f| match (kw, dw) {
+            (3, 1) => fixed::<T, 3, 1>(v, o, f),
+            _ => {
+                for (x, o) in o.iter_mut().enumerate() {
+                    *o = (1..kw).fold(v[x], |acc, k| f(acc, v[x + k * dw]));
+                }
+            }
+        });
+    }
     with_combine!(reduce, |f| match (kw, sw, dw) {
-        (3, 2, 1) => fixed::<T, 3, 2>(v, out, f),
-        (2, 2, 1) => fixed::<T, 2, 2>(v, out, f),
-        (3, 1, 1) => fixed::<T, 3, 1>(v, out, f),
+        (3, 2, 1) => {
+            for y in 0..n {
+                fixed::<T, 3, 2>(row(y), &mut out[y * ow + x_lo..y * ow + x_hi], f);
+            }
+        }
+        (2, 2, 1) => {
+            for y in 0..n {
+                fixed::<T, 2, 2>(row(y), &mut out[y * ow + x_lo..y * ow + x_hi], f);
+            }
+        }
+        (3, 1, 1) => {
+            for y in 0..n {
+                fixed::<T, 3, 1>(row(y), &mut out[y * ow + x_lo..y * ow + x_hi], f);
+            }
+        }
         _ => {
-            for (x, o) in out.iter_mut().enumerate() {
-                let x0 = x * sw;
-                *o = (1..kw).fold(v[x0], |acc, k| f(acc, v[x0 + k * dw]));
+            for y in 0..n {
+                let v = row(y);
+                for (x, o) in out[y * ow + x_lo..y * ow + x_hi].iter_mut().enumerate() {
+                    let x0 = x * sw;
+                    *o = (1..kw).fold(v[x0], |acc, k| f(acc, v[x0 + k * dw]));
+                }
             }
         }
     })
@@ -201,36 +298,42 @@ pub(super) fn pool<T: Float>(
     let (x_lo, x_hi) = interior(ow, iw, kw, sw, pw, dw);
     // Every plane has the same windows: their in-bounds taps, found once.
     let start = |o: usize, s: usize, pad: usize| (o * s) as isize - pad as isize;
-    let rows = try_table(oh, |y| taps_inside(start(y, sh, ph), kh, dh, ih))?;
+    let rows = try_table(oh, |y| {
+        let y0 = start(y, sh, ph);
+        (y0, taps_inside(y0, kh, dh, ih))
+    })?;
     let cols = try_table(ow, |x| taps_inside(start(x, sw, pw), kw, dw, iw))?;
+    // Output rows whose windows, 1 apart, all lie inside the input.
+    let flat_rows = if sh == 1 {
+        interior(oh, ih, kh, sh, ph, dh)
+    } else {
+        (0, 0)
+    };
+    let cols_geometry = Cols {
+        iw,
+        ow,
+        lo: x_lo,
+        hi: x_hi,
+        pad: pw,
+        kernel: kw,
+        stride: sw,
+        dilation: dw,
+    };
     let combine = |a: T, b: T| match reduce {
         Reduce::Max => nan_max(a, b),
         Reduce::Sum => a + b,
     };
     for_each_plane(input, ih * iw, output, oh * ow, |src, dst| {
-        // The window's rows folded into one; every entry is written before
-        // it is read.
-        with_scratch::<T, _>(iw, |folded| {
-            for (y, out) in dst.chunks_exact_mut(ow).enumerate() {
-                let y0 = start(y, sh, ph);
-                let mut taps = rows[y]
-                    .clone()
-                    .map(|ky| &src[(y0 + (ky * dh) as isize) as usize * iw..][..iw]);
-                match (taps.next(), taps.next()) {
-                    // SAFETY: plain Rust on slices, compiled for the ISA level in use.
-                    (Some(a), Some(b)) => unsafe { combine_rows(reduce, folded, a, b) },
-                    (Some(first), None) => folded.copy_from_slice(first),
-                    _ => folded.fill(reduce.identity()),
-                }
-                for row in taps {
-                    // SAFETY: as above.
-                    unsafe { fold_row(reduce, folded, row) };
-                }
-                if x_lo < x_hi {
-                    let (v, o) = (&folded[x_lo * sw - pw..], &mut out[x_lo..x_hi]);
-                    // SAFETY: as above; interior windows lie inside the row.
-                    unsafe { windows(reduce, v, o, kw, sw, dw) };
-                }
+        // Every entry of `folded` is written before it is read.
+        with_scratch::<T, _>(oh * iw, |folded| {
+            // SAFETY: plain Rust on slices, compiled for the ISA level in
+            // use; interior windows lie inside their folded row.
+            unsafe {
+                fold_rows(reduce, src, iw, &rows, dh, flat_rows, folded);
+                windows(reduce, folded, dst, cols_geometry);
+            }
+            let rows = folded.chunks_exact(iw).zip(dst.chunks_exact_mut(ow));
+            for (y, (folded, out)) in rows.enumerate() {
                 for x in (0..x_lo).chain(x_hi..ow) {
                     let x0 = start(x, sw, pw);
                     out[x] = cols[x]
