@@ -166,49 +166,40 @@ fn everywhere(_: &Problem) -> bool {
 /// convolutions) are left to direct convolution by `'default'`.
 const FEW_INPUT_CHANNELS: usize = 16;
 
-/// How wide a layer is for Winograd: `icg * ocg / (icg + ocg)` (its
-/// transforms cost per tile in proportion to `icg + ocg`, its GEMMs to
-/// `icg * ocg`), or 0 with fewer than [`FEW_INPUT_CHANNELS`] input channels
-/// per group.
+/// Fewest input channels per group for which `'default'` takes Winograd.
 ///
-/// Below 32 (DenseNet's 128 -> 32, GoogLeNet's 32 -> 96, 16 -> 64) the
-/// transforms dominate and direct convolution measured 10-40% faster at
-/// batch 1 and 10; from 64 -> 64 up Winograd measured about even on small
-/// images and 10-35% faster on large ones (64 -> 64 at 224x224, batch 10:
-/// 131 ms against direct's 177).
-fn winograd_width(p: &Conv2dParams) -> usize {
-    let (icg, ocg) = (p.in_channels_per_group(), p.out_channels_per_group());
-    if icg < FEW_INPUT_CHANNELS {
-        0
-    } else {
-        icg * ocg / (icg + ocg)
-    }
+/// Its input transform costs per tile in proportion to the input channels,
+/// and below this it outweighs the 2.25x fewer multiplications. Measured
+/// (2 threads, AVX2, batch 1, ms, Winograd against the best other): DenseNet's
+/// 128 -> 32 at 56/28/14/7 1.49/0.48/0.19/0.09 against 2.15/0.66/0.21/0.10,
+/// GoogLeNet-like 48 -> 64 at 28x28 0.40 against 0.43, 48 -> 48 even; but
+/// 32 -> 128 at 27x27 0.53 against 0.47, 16 -> 64 at 55x55 0.55 against 0.46,
+/// 32 -> 96 at 28x28 0.44 against 0.40, 24 -> 64 at 14x14 0.13 against 0.10.
+const WINOGRAD_MIN_CHANNELS: usize = 48;
+
+/// Whether a layer has too few input channels per group for Winograd (see
+/// [`WINOGRAD_MIN_CHANNELS`]).
+fn too_thin_for_winograd(p: &Conv2dParams) -> bool {
+    p.in_channels_per_group() < WINOGRAD_MIN_CHANNELS
 }
 
-/// Winograd for layers of [`winograd_width`] at least 32, or 64 on fewer
-/// than [`FEW_PIXELS`] output pixels over the batch, with at least
-/// [`MIN_WINOGRAD_TILES`] output tiles. On few pixels squeezenet1_1's 13x13
-/// layers at batch 1 (48 -> 192 and 64 -> 256, widths 38 and 51) ran 15-30%
-/// faster on GEMM, ResNet-50's 14x14 ones (256 -> 256) 25% faster on Winograd.
+/// Winograd for layers with at least [`WINOGRAD_MIN_CHANNELS`] input
+/// channels per group and [`MIN_WINOGRAD_TILES`] output tiles, however few
+/// the pixels: at 13x13 64 -> 64 measured 0.13 ms against 0.14 (direct) and
+/// 0.17 (GEMM), 64 -> 256 0.40 against 0.45; at 7x7 128 -> 128 0.20 against
+/// 0.30, 512 -> 512 1.30 against GEMM's 2.08.
 fn winograd_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p, _) if {
-        let pixels = p.batch * p.out_h() * p.out_w();
-        let width = if pixels < FEW_PIXELS { 64 } else { 32 };
         let tiles = p.batch * p.out_h().div_ceil(2) * p.out_w().div_ceil(2);
-        winograd_width(p) >= width && tiles >= MIN_WINOGRAD_TILES
+        !too_thin_for_winograd(p) && tiles >= MIN_WINOGRAD_TILES
     })
 }
 
-/// Output pixels (over the batch) under which Winograd needs wider layers.
-const FEW_PIXELS: usize = 256;
-
-/// Fewest 2x2 output tiles (over the batch) for Winograd. Its transformed
-/// filters are 16/9 of the weights and each is read once per block of
-/// tiles, so with few tiles it streams more weights than GEMM for the same
-/// output: on ResNet-50's 512 -> 512 layers at 7x7 (16 tiles per image,
-/// 2 threads, AVX2) GEMM measured 10-25% faster at batch 1, even at batch 2,
-/// and Winograd 20% faster at batch 4 and 45% at batch 10.
-const MIN_WINOGRAD_TILES: usize = 32;
+/// Fewest 2x2 output tiles (over the batch) for Winograd: a 7x7 plane has
+/// 16. Its transformed filters are 16/9 of the weights and each is read once
+/// per block of tiles, so below this it streams more weights than GEMM per
+/// output.
+const MIN_WINOGRAD_TILES: usize = 16;
 
 /// With few input channels per group im2col unrolls a short, wide matrix that
 /// costs as much to build as to multiply; direct convolution's register tiles
@@ -217,7 +208,7 @@ const MIN_WINOGRAD_TILES: usize = 32;
 /// 10) and on stride-1 depthwise layers. Depthwise layers of any stride up
 /// to 4 run on direct's dedicated depthwise path; grouped layers with a few
 /// channels per group and a stride go to GEMM, which measured 2x faster. Direct also takes
-/// the 3x3 stride-1 layers too thin for Winograd (see `winograd_preferred`),
+/// the 3x3 stride-1 layers too thin for Winograd (see [`too_thin_for_winograd`]),
 /// where it measured as fast as GEMM or faster.
 ///
 /// Direct (like SMM and FFT) works on a zero-padded copy of the input, so a
@@ -230,7 +221,7 @@ fn direct_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p, dtype)
         if ((p.in_channels_per_group() < FEW_INPUT_CHANNELS
             && (p.groups == 1 || p.stride == (1, 1) || depthwise::applies(p)))
-            || (winograd::check(p).is_ok() && winograd_width(p) < 32))
+            || (winograd::check(p).is_ok() && too_thin_for_winograd(p)))
             && padded_copy_is_small(p)
             && !tiles_preferred(p, *dtype))
 }
@@ -826,7 +817,7 @@ mod tests {
         };
         let pick = |p: Problem| resolve(OpKind::Conv2d, Request::Default, DeviceKind::Cpu, &p);
         assert_eq!(pick(with_channels(64, 3, 1)).unwrap(), Algorithm::Winograd);
-        // On few pixels only wide layers.
+        // On few pixels too, from 48 input channels on.
         let few_pixels = |c: usize| match with_channels(c, 3, 1) {
             Problem::Conv2d(p, d) => Problem::Conv2d(
                 Conv2dParams {
@@ -838,28 +829,40 @@ mod tests {
             ),
             other => other,
         };
-        // 64 -> 64 (width 32) is then GEMM's, 128 -> 128 (64) Winograd's,
-        // 48 -> 48 (24) still too thin for either.
-        assert_eq!(pick(few_pixels(64)).unwrap(), Algorithm::Gemm);
-        assert_eq!(pick(few_pixels(128)).unwrap(), Algorithm::Winograd);
-        assert_eq!(pick(few_pixels(48)).unwrap(), Algorithm::Direct);
-        // Wide layers with few tiles (7x7: 16 per image) go to GEMM until
-        // the batch brings MIN_WINOGRAD_TILES.
-        let plane_7x7 = |c: usize, batch: usize| match with_channels(c, 3, 1) {
+        assert_eq!(pick(few_pixels(64)).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(few_pixels(48)).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(few_pixels(32)).unwrap(), Algorithm::Direct);
+        // A thin layer stays off Winograd however wide its output.
+        let thin = match with_channels(32, 3, 1) {
             Problem::Conv2d(p, d) => Problem::Conv2d(
                 Conv2dParams {
-                    batch,
-                    in_h: 7,
-                    in_w: 7,
+                    out_channels: 512,
                     ..p
                 },
                 d,
             ),
             other => other,
         };
-        assert_eq!(pick(plane_7x7(512, 1)).unwrap(), Algorithm::Gemm);
-        assert_eq!(pick(plane_7x7(512, 2)).unwrap(), Algorithm::Winograd);
-        assert_eq!(pick(plane_7x7(512, 10)).unwrap(), Algorithm::Winograd);
+        assert_ne!(pick(thin).unwrap(), Algorithm::Winograd);
+        // Planes under 7x7 (fewer than MIN_WINOGRAD_TILES tiles) go to GEMM
+        // until the batch brings enough tiles.
+        let plane = |c: usize, hw: usize, batch: usize| match with_channels(c, 3, 1) {
+            Problem::Conv2d(p, d) => Problem::Conv2d(
+                Conv2dParams {
+                    batch,
+                    in_h: hw,
+                    in_w: hw,
+                    ..p
+                },
+                d,
+            ),
+            other => other,
+        };
+        assert_eq!(pick(plane(512, 7, 1)).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(plane(512, 5, 1)).unwrap(), Algorithm::Gemm);
+        assert_eq!(pick(plane(512, 5, 2)).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(plane(512, 7, 10)).unwrap(), Algorithm::Winograd);
+        let plane_7x7 = |c: usize, batch: usize| plane(c, 7, batch);
         assert_eq!(pick(plane_7x7(32, 10)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(with_channels(32, 3, 1)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(with_channels(16, 3, 1)).unwrap(), Algorithm::Direct);
