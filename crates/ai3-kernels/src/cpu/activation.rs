@@ -256,9 +256,13 @@ unsafe fn apply_avx2(data: &mut [f32], act: Vectorised) {
 }
 
 /// [`vector`]'s formulas on 8 lanes, with [`crate::float::avx2::exp`].
+///
+/// Without `#[target_feature]` so it may be `#[inline(always)]`: LLVM
+/// declined to inline it, and a call per vector (the vector passed through
+/// memory, `act` matched each time) cost more than the formula. Only
+/// [`apply_avx2`] calls it, which has the features.
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
+#[inline(always)]
 unsafe fn act8(x: std::arch::x86_64::__m256, act: Vectorised) -> std::arch::x86_64::__m256 {
     use crate::float::avx2::exp;
     use std::arch::x86_64::*;
@@ -308,8 +312,10 @@ mod vector {
     /// [`super::scalar::erf`]'s formula, or `x * sigmoid(2 k (x + 0.044715
     /// x^3))` (= the tanh form); SiLU `x / (1 + exp(-x))`; sigmoid `1 / (1 +
     /// exp(-x))`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
+    ///
+    /// `#[inline(always)]` rather than `#[target_feature]`, as
+    /// [`super::act8`]; only [`apply`] calls it, which has the feature.
+    #[inline(always)]
     unsafe fn act16(x: __m512, act: Vectorised) -> __m512 {
         let one = _mm512_set1_ps(1.0);
         let neg = |v| _mm512_sub_ps(_mm512_setzero_ps(), v);
