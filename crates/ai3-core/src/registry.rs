@@ -229,13 +229,24 @@ fn direct_preferred(problem: &Problem) -> bool {
 /// Whether GEMM runs `p` on the f32 register tiles with enough blocks of
 /// pixels for each thread to unroll its own columns (`tiled::applies`), in a
 /// layer without groups. There it measured 10-35% faster than direct
-/// convolution (2 threads, AVX2, batch 1): on the RGB input layers of
-/// squeezenet1_1 (1.03 -> 0.66 ms), mobilenet_v2 (0.77 -> 0.58) and resnet50
-/// (2.79 -> 2.63), and on squeezenet1_1's thin 3x3 layers (16 -> 64 at 55x55:
-/// 0.71 -> 0.61; 32 -> 128 at 27x27: 0.68 -> 0.55).
+/// convolution (2 threads, AVX2, batch 1): on the 3x3 RGB input layers of
+/// squeezenet1_1 (1.03 -> 0.66 ms) and mobilenet_v2 (0.77 -> 0.58; again
+/// 0.44 -> 0.26 after later changes), and on squeezenet1_1's thin 3x3 layers
+/// (16 -> 64 at 55x55: 0.71 -> 0.61; 32 -> 128 at 27x27: 0.68 -> 0.55).
+///
+/// Not for RGB layers with large kernels ([`LARGE_KERNEL_TAPS`]), where
+/// im2col gathers many scattered values per column: direct measured 1.64
+/// against 1.84 ms on the 7x7 stride-2 layer of resnet50/densenet121/
+/// googlenet and 1.35 against 1.48 on alexnet's 11x11 stride-4 one.
 fn tiles_preferred(p: &Conv2dParams, dtype: DType) -> bool {
-    dtype == DType::F32 && p.groups == 1 && tiled::applies::<f32>(p)
+    let large_rgb_kernel = p.in_channels_per_group() < FEW_INPUT_CHANNELS
+        && p.kernel_h * p.kernel_w >= LARGE_KERNEL_TAPS;
+    dtype == DType::F32 && p.groups == 1 && tiled::applies::<f32>(p) && !large_rgb_kernel
 }
+
+/// Kernel taps (`kernel_h * kernel_w`) from which a layer with few input
+/// channels goes to direct convolution rather than GEMM's tiles: 5x5 on.
+const LARGE_KERNEL_TAPS: usize = 25;
 
 /// Whether a padded copy of the input costs at most 16 times the input (or 64 Ki
 /// elements per plane).
@@ -893,8 +904,11 @@ mod tests {
             true => Algorithm::Gemm,
             false => Algorithm::Direct,
         };
-        assert_eq!(pick(f32_conv(3, 7, 2, 1)).unwrap(), thin);
+        assert_eq!(pick(f32_conv(3, 3, 2, 1)).unwrap(), thin);
         assert_eq!(pick(f32_conv(16, 3, 1, 1)).unwrap(), thin);
+        // RGB layers with large kernels go to direct.
+        assert_eq!(pick(f32_conv(3, 7, 2, 1)).unwrap(), Algorithm::Direct);
+        assert_eq!(pick(f32_conv(3, 5, 1, 1)).unwrap(), Algorithm::Direct);
         // Depthwise and grouped layers stay where they were, as does Winograd.
         assert_eq!(pick(f32_conv(32, 3, 1, 32)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(f32_conv(32, 3, 1, 4)).unwrap(), Algorithm::Direct);
