@@ -109,6 +109,60 @@ def test_cat(dim, dtype):
     check(Cat(dim), dtype, torch.randn(2, 3, 4, 5))
 
 
+# At batch 1 the memory planner places a concatenation's inputs inside its
+# output (their producers write there, the concatenation copies nothing). Each
+# pattern below stresses one of its rules; all run at batch 1 (planned in
+# place) and 2 (copied), in shapes whose maps are and are not 64-byte aligned.
+CAT_PATTERNS = {
+    # DenseNet: every layer concatenates all earlier maps.
+    "dense_chain": lambda x: _dense_chain(x),
+    # Inception: branches of one input, concatenated.
+    "branches": lambda x: torch.cat([x.relu(), x.sigmoid(), x * 2, x.tanh()], 1),
+    # A concatenation inside another.
+    "nested": lambda x: torch.cat([torch.cat([x.relu(), x * 3], 1), x.sigmoid()], 1),
+    # One map in two concatenations, at different places.
+    "two_places": lambda x: (
+        torch.cat([x.relu(), x.sigmoid()], 1) * torch.cat([x.sigmoid(), x.relu()], 1)
+    ),
+    # The same map twice in one concatenation.
+    "twice": lambda x: torch.cat([x.relu(), x.relu().relu(), x.relu()], 1).relu(),
+    # A map read again after its concatenation, past later work.
+    "read_after": lambda x: _read_after(x),
+    # The graph's input, and the graph's output.
+    "input_and_output": lambda x: torch.cat([x, x.relu()], 1),
+    # Along the batch and the last dimension.
+    "batch_dim": lambda x: torch.cat([x.relu(), x.sigmoid()], 0).relu(),
+    "last_dim": lambda x: torch.cat([x.relu(), x.sigmoid()], -1).relu(),
+}
+
+
+def _dense_chain(x):
+    maps = [x.relu()]
+    for k in range(4):
+        y = torch.cat(maps, 1)
+        maps.append((y * (0.5 + k)).sigmoid())
+    return torch.cat(maps, 1).tanh()
+
+
+def _read_after(x):
+    a, b = x.relu(), x.sigmoid()
+    y = torch.cat([a, b], 1).tanh()
+    z = (y * 2).sigmoid() * 3
+    return z + torch.cat([a * 2, b], 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("shape", [(16, 4, 4), (3, 5, 5)], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("pattern", list(CAT_PATTERNS))
+def test_concatenations_planned_in_place(pattern, shape, batch, dtype):
+    model = check(Fn(CAT_PATTERNS[pattern]), dtype, torch.randn(batch, *shape))
+    # A second call reuses the arena: the planned places must hold again.
+    x = torch.randn(batch, *shape, dtype=dtype)
+    with torch.no_grad():
+        assert_close(model(x), CAT_PATTERNS[pattern](x), dtype)
+
+
 def _random_bn(c: int, affine: bool = True) -> nn.BatchNorm2d:
     bn = nn.BatchNorm2d(c, affine=affine)
     with torch.no_grad():

@@ -443,10 +443,33 @@ impl Graph {
                 last: last_use[v].unwrap_or(i),
             });
         }
-        let placement = place(&intervals);
+        let intermediate_bytes = intervals.iter().map(|iv| iv.bytes).sum();
+        // Values placed inside a concatenation's output: they share its
+        // interval, stretched over their own lifetimes, and get no place of
+        // their own.
+        let homes = self.in_place_homes(&shapes, &intermediates);
+        let mut own = Vec::with_capacity(intermediates.len());
+        let mut slot = vec![None; self.num_values()];
+        for (&v, iv) in intermediates.iter().zip(&intervals) {
+            if homes[v].is_none() {
+                slot[v] = Some(own.len());
+                own.push(*iv);
+            }
+        }
+        for (&v, iv) in intermediates.iter().zip(&intervals) {
+            if let Some((root, _)) = homes[v] {
+                let r = &mut own[slot[root].expect("a home is an intermediate with no home")];
+                r.first = r.first.min(iv.first);
+                r.last = r.last.max(iv.last);
+            }
+        }
+        let placement = place(&own);
         let mut offsets = vec![None; self.num_values()];
-        for (&v, &off) in intermediates.iter().zip(&placement.offsets) {
-            offsets[v] = Some(off);
+        for &v in &intermediates {
+            offsets[v] = Some(match homes[v] {
+                Some((root, at)) => placement.offsets[slot[root].expect("checked above")] + at,
+                None => placement.offsets[slot[v].expect("set above")],
+            });
         }
         // Saturating: only compared with a threshold.
         let work: usize = self
@@ -462,8 +485,67 @@ impl Graph {
             shapes,
             offsets,
             arena_bytes: placement.arena_bytes,
-            intermediate_bytes: intervals.iter().map(|iv| iv.bytes).sum(),
+            intermediate_bytes,
         })
+    }
+
+    /// For each value that goes inside the output of a concatenation (see
+    /// [`Operation::in_place_parts`]), `(that output, byte offset in it)`,
+    /// where the output itself has no such home; `None` for every other value.
+    ///
+    /// Concatenations are visited last to first, so one that feeds another
+    /// is itself placed inside the later one first, and its inputs follow.
+    /// An input goes to its place unless it already has one (it feeds two
+    /// concatenations: the earlier copies it) or is not an intermediate
+    /// (inputs, constants, outputs). A concatenation whose inputs all already
+    /// sit end to end (DenseNet's: each layer's input is the previous one's
+    /// plus one more feature map) is placed over them and copies nothing.
+    /// Places stay [`ALIGNMENT`]-aligned.
+    fn in_place_homes(
+        &self,
+        shapes: &[Vec<usize>],
+        intermediates: &[usize],
+    ) -> Vec<Option<(usize, usize)>> {
+        let mut homes: Vec<Option<(usize, usize)>> = vec![None; self.num_values()];
+        let mut is_intermediate = vec![false; self.num_values()];
+        for &v in intermediates {
+            is_intermediate[v] = true;
+        }
+        let size = self.dtype.size();
+        for node in self.nodes.iter().rev() {
+            let c = node.output;
+            if !is_intermediate[c] {
+                continue;
+            }
+            let refs: Vec<&[usize]> = node.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
+            let Some(starts) = node.op.in_place_parts(&refs) else {
+                continue;
+            };
+            let at = |i: usize| starts[i] * size;
+            if homes[c].is_none() {
+                // Over inputs already end to end (a prefix of a later output).
+                let first = node.inputs.first().and_then(|&v| homes[v]);
+                if let Some((root, base)) = first {
+                    let end_to_end = node
+                        .inputs
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &v)| homes[v] == Some((root, base + at(i))));
+                    if end_to_end {
+                        homes[c] = Some((root, base));
+                        continue;
+                    }
+                }
+            }
+            let (root, base) = homes[c].unwrap_or((c, 0));
+            for (i, &v) in node.inputs.iter().enumerate() {
+                let place = base + at(i);
+                if is_intermediate[v] && homes[v].is_none() && v != root && place % ALIGNMENT == 0 {
+                    homes[v] = Some((root, place));
+                }
+            }
+        }
+        homes
     }
 
     fn plan_for(&self, input_shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
@@ -773,7 +855,7 @@ fn with_node(e: Error, node: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::{Activation, ActivationKind, Flatten, Softmax};
+    use crate::ops::{Activation, ActivationKind, Concat, Flatten, Softmax};
 
     fn relu() -> Box<Activation> {
         Box::new(Activation::new(ActivationKind::Relu).unwrap())
@@ -788,6 +870,55 @@ mod tests {
             .unwrap();
         g.set_outputs(vec![c, a]).unwrap();
         g
+    }
+
+    /// DenseNet's pattern at batch 1: every layer concatenates all earlier
+    /// feature maps. Each map is written once, inside the last
+    /// concatenation's output, and every concatenation is a view over it.
+    #[test]
+    fn concatenations_at_batch_1_are_planned_in_place() {
+        let mut g = Graph::new(DType::F32, 1);
+        let cat = || Box::new(Concat::new(1));
+        let a = g.push("a", relu(), vec![0]).unwrap();
+        let c1 = g.push("c1", cat(), vec![a]).unwrap();
+        let f1 = g.push("f1", relu(), vec![c1]).unwrap();
+        let c2 = g.push("c2", cat(), vec![a, f1]).unwrap();
+        let f2 = g.push("f2", relu(), vec![c2]).unwrap();
+        let c3 = g.push("c3", cat(), vec![a, f1, f2]).unwrap();
+        let out = g.push("out", relu(), vec![c3]).unwrap();
+        g.set_outputs(vec![out]).unwrap();
+
+        let shape = vec![1, 16, 4, 4];
+        let plan = g.make_plan(std::slice::from_ref(&shape)).unwrap();
+        let at = |v: usize| plan.offsets[v].unwrap();
+        let map = 16 * 16 * 4; // bytes of one [1, 16, 4, 4] map
+        assert_eq!((at(c1), at(c2)), (at(c3), at(c3)));
+        assert_eq!(
+            (at(a), at(f1), at(f2)),
+            (at(c3), at(c3) + map, at(c3) + 2 * map)
+        );
+
+        let x: Vec<f32> = (0..256).map(|i| i as f32 - 128.0).collect();
+        let want: Vec<f32> = x.iter().map(|v| v.max(0.0)).collect();
+        let got = g
+            .run(vec![Tensor::from_slice(&x, &shape).unwrap()])
+            .unwrap();
+        assert_eq!(got[0].shape(), &[1, 64, 4, 4]);
+        assert_eq!(got[0].as_slice::<f32>().unwrap(), want.repeat(4).as_slice());
+
+        // At batch 2 a channel range is not contiguous: every value has a
+        // place of its own, and the result is the same.
+        let plan = g.make_plan(&[vec![2, 16, 4, 4]]).unwrap();
+        assert_ne!(plan.offsets[a], plan.offsets[c3]);
+        let x2 = [x.clone(), x].concat();
+        let got = g
+            .run(vec![Tensor::from_slice(&x2, &[2, 16, 4, 4]).unwrap()])
+            .unwrap();
+        let image = want.repeat(4);
+        assert_eq!(
+            got[0].as_slice::<f32>().unwrap(),
+            image.repeat(2).as_slice()
+        );
     }
 
     #[test]

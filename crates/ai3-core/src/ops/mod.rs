@@ -90,6 +90,14 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn fused_residual(&self) -> bool {
         false
     }
+    /// When the output is the inputs laid end to end (a concatenation whose
+    /// dimensions before the axis are all 1), where each input starts in it,
+    /// in elements; `None` otherwise. The memory planner may then place the
+    /// inputs there (their producers write straight into the output), and
+    /// `forward` must leave an input that is already in its place untouched.
+    fn in_place_parts(&self, _inputs: &[&[usize]]) -> Option<Vec<usize>> {
+        None
+    }
     /// Computes `output` from `inputs`.
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()>;
 }

@@ -92,11 +92,31 @@ impl Operation for Concat {
         out[axis] = inputs.iter().map(|s| s[axis]).sum();
         Ok(out)
     }
+    fn in_place_parts(&self, inputs: &[&[usize]]) -> Option<Vec<usize>> {
+        // PyTorch's skipped `[0]` inputs have no place: no planning for them.
+        if inputs.iter().any(|s| *s == [0]) {
+            return None;
+        }
+        let axis = self.axis(inputs).ok()?;
+        if inputs[0][..axis].iter().any(|&d| d != 1) {
+            return None;
+        }
+        let mut at = 0usize;
+        let mut starts = Vec::with_capacity(inputs.len());
+        for s in inputs {
+            starts.push(at);
+            at = at.checked_add(s.iter().product())?;
+        }
+        Some(starts)
+    }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let inputs = &legacy_skip(inputs, Tensor::shape)[..];
         let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
         let axis = self.axis(&shapes)?;
         let outer = AxisParams::new(output.shape(), axis).outer;
+        if outer == 1 {
+            return concat_runs(inputs, output);
+        }
         with_dtype!(output.dtype(), T, {
             let parts = inputs
                 .iter()
@@ -112,6 +132,50 @@ impl Operation for Concat {
         });
         Ok(())
     }
+}
+
+/// A concatenation with one run per input (nothing before the axis): each
+/// input is copied to its place in `output`, unless the memory planner
+/// already put it there (see [`Operation::in_place_parts`]).
+fn concat_runs(inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+    let total: usize = inputs.iter().map(|t| t.numel()).sum();
+    if total != output.numel() {
+        return Err(Error::internal(
+            OpKind::Cat.name(),
+            format!(
+                "inputs of {total} elements for an output of {}",
+                output.numel()
+            ),
+        ));
+    }
+    let size = output.dtype().size();
+    let dst = output.data_ptr_mut();
+    let mut at = 0usize;
+    for t in inputs {
+        if t.dtype() != output.dtype() {
+            return Err(Error::invalid(
+                OpKind::Cat.name(),
+                format!(
+                    "an input of dtype {} for an output of {}",
+                    t.dtype().name(),
+                    output.dtype().name()
+                ),
+            ));
+        }
+        let bytes = t.numel() * size;
+        // SAFETY: `at + bytes` is within the output (the sizes sum to its
+        // own, checked above); the input holds `bytes` bytes. Raw copies, not
+        // slices: an input placed inside the output overlaps it.
+        unsafe {
+            let to = dst.add(at);
+            let from = t.data_ptr();
+            if !std::ptr::eq(from, to) {
+                std::ptr::copy(from, to, bytes);
+            }
+        }
+        at += bytes;
+    }
+    Ok(())
 }
 
 /// `x.permute(dims).contiguous()`.
