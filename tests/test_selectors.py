@@ -307,11 +307,16 @@ def test_default_algorithm_resolves_in_summary():
     )
     algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 16, 16))
     assert algos == ["winograd", "gemm", thin]
-    # On few output pixels (13x13 at batch 1) Winograd needs wider layers.
+    # Winograd needs 16 output tiles of 2x2 over the batch (a 7x7 plane):
+    # not a 5x5 one at batch 1, but at batch 2.
     algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 13, 13))
-    assert algos[0] != "winograd"
-    algos = conv_algorithms_of_model(ai3.convert(wide), (2, 96, 13, 13))
     assert algos[0] == "winograd"
+    one = ai3.convert(nn.Sequential(nn.Conv2d(96, 128, 3, padding=1)))
+    assert conv_algorithms_of_model(one, (1, 96, 5, 5)) != ["winograd"]
+    assert conv_algorithms_of_model(one, (2, 96, 5, 5)) == ["winograd"]
+    # Fewer than 48 input channels: not Winograd, however wide the output.
+    thin_in = nn.Sequential(nn.Conv2d(32, 256, 3, padding=1))
+    assert conv_algorithms_of_model(ai3.convert(thin_in), (1, 32, 28, 28)) != ["winograd"]
 
 
 def test_summary_reports_every_layer():
