@@ -95,23 +95,25 @@ pub fn avx2() -> bool {
 /// Declares `$name`, which runs `$imp` compiled for the [`level`] in use:
 /// with AVX-512 or AVX2 enabled, so the compiler vectorises `$imp`'s loops at
 /// that width, or for the baseline target. `$imp` is generic over the
-/// element type and marked `#[inline(always)]`, so each copy is compiled in.
+/// element type (and optionally one more parameter, such as the closure an
+/// elementwise kernel applies) and marked `#[inline(always)]`, so each copy
+/// is compiled in; closures it calls are inlined into the copy too.
 macro_rules! multiversion {
-    ($(#[$doc:meta])* $vis:vis unsafe fn $name:ident<T>($($arg:ident: $ty:ty),* $(,)?) => $imp:ident) => {
+    ($(#[$doc:meta])* $vis:vis unsafe fn $name:ident<T $(, $g:ident: $gb:path)?>($($arg:ident: $ty:ty),* $(,)?) => $imp:ident) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
-        $vis unsafe fn $name<T: $crate::Float>($($arg: $ty),*) {
+        $vis unsafe fn $name<T: $crate::Float $(, $g: $gb)?>($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn avx512<T: $crate::Float>($($arg: $ty),*) {
+                unsafe fn avx512<T: $crate::Float $(, $g: $gb)?>($($arg: $ty),*) {
                     // SAFETY: forwarded.
                     unsafe { $imp($($arg),*) }
                 }
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn avx2<T: $crate::Float>($($arg: $ty),*) {
+                unsafe fn avx2<T: $crate::Float $(, $g: $gb)?>($($arg: $ty),*) {
                     // SAFETY: forwarded.
                     unsafe { $imp($($arg),*) }
                 }

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use super::activation::map;
 use super::par::{for_each_row, CHUNK, PARALLEL_MIN};
 use crate::alloc::{check_len, checked_product, KernelError, KernelResult};
+use crate::isa::multiversion;
 use crate::params::broadcast_shape;
 use crate::Float;
 
@@ -29,9 +30,11 @@ pub fn same_shape<T: Float, F: Fn(T, T) -> T + Sync>(
         output
             .par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-            .for_each(|(o, (a, b))| row(a, 1, b, 1, o, &f));
+            // SAFETY: plain Rust on slices, compiled for the ISA level in use.
+            .for_each(|(o, (a, b))| unsafe { row(a, 1, b, 1, o, &f) });
     } else {
-        row(a, 1, b, 1, output, &f);
+        // SAFETY: as above.
+        unsafe { row(a, 1, b, 1, output, &f) };
     }
     Ok(())
 }
@@ -51,9 +54,20 @@ pub fn scalar<T: Float, F: Fn(T, T) -> T + Sync>(
     }
 }
 
-/// One output row: each operand advances by 1 or stays put (stride 0).
-#[inline]
-fn row<T: Float, F: Fn(T, T) -> T>(a: &[T], sa: usize, b: &[T], sb: usize, out: &mut [T], f: &F) {
+multiversion! {
+    /// One output row: each operand advances by 1 or stays put (stride 0).
+    unsafe fn row<T, F: Fn(T, T) -> T>(a: &[T], sa: usize, b: &[T], sb: usize, out: &mut [T], f: &F) => row_impl
+}
+
+#[inline(always)]
+unsafe fn row_impl<T: Float, F: Fn(T, T) -> T>(
+    a: &[T],
+    sa: usize,
+    b: &[T],
+    sb: usize,
+    out: &mut [T],
+    f: &F,
+) {
     match (sa, sb) {
         (1, 1) => out
             .iter_mut()
@@ -164,7 +178,8 @@ pub fn broadcast<T: Float, F: Fn(T, T) -> T + Sync>(
     };
     let run = |r: usize, out: &mut [T]| {
         let (oa, ob) = offsets(r);
-        row(&a[oa..], ia, &b[ob..], ib, out, &f);
+        // SAFETY: plain Rust on slices, compiled for the ISA level in use.
+        unsafe { row(&a[oa..], ia, &b[ob..], ib, out, &f) };
     };
     for_each_row(output, inner, run);
     Ok(())

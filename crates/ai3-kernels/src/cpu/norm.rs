@@ -28,7 +28,8 @@ pub fn scale_shift<T: Float, F: Fn(T) -> T + Sync>(
     }
     let plane = |(i, (o, x)): (usize, (&mut [T], &[T]))| {
         let (a, b) = (scale[i % channels], shift[i % channels]);
-        o.iter_mut().zip(x).for_each(|(o, &x)| *o = act(x * a + b));
+        // SAFETY: plain Rust on slices, compiled for the ISA level in use.
+        unsafe { affine(o, x, a, b, &act) };
     };
     if inner >= 64 {
         output
@@ -50,6 +51,18 @@ pub fn scale_shift<T: Float, F: Fn(T) -> T + Sync>(
             });
     }
     Ok(())
+}
+
+multiversion! {
+    /// `o[i] = act(x[i] * a + b)`: one plane of [`scale_shift`].
+    unsafe fn affine<T, F: Fn(T) -> T>(o: &mut [T], x: &[T], a: T, b: T, act: &F) => affine_impl
+}
+
+#[inline(always)]
+unsafe fn affine_impl<T: Float, F: Fn(T) -> T>(o: &mut [T], x: &[T], a: T, b: T, act: &F) {
+    for (o, &x) in o.iter_mut().zip(x) {
+        *o = act(x * a + b);
+    }
 }
 
 /// Layer norm over the last `cols` elements of each of `rows` rows: `(x -
