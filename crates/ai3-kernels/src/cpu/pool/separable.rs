@@ -174,41 +174,34 @@ unsafe fn fold_rows_impl<T: Float>(
     })
 }
 
-/// The columns of a plane: input (folded) and output widths, the interior
-/// output columns `lo..hi`, and the window along the width.
+/// The columns of a plane: input (folded) and output widths `iw` and `ow`,
+/// the interior output columns `x_lo..x_hi`, and the window along the width
+/// (padding `pw`, kernel `kw`, stride `sw`, dilation `dw`).
 #[derive(Clone, Copy)]
 struct Cols {
     iw: usize,
     ow: usize,
-    lo: usize,
-    hi: usize,
-    pad: usize,
-    kernel: usize,
-    stride: usize,
-    dilation: usize,
+    x_lo: usize,
+    x_hi: usize,
+    pw: usize,
+    kw: usize,
+    sw: usize,
+    dw: usize,
 }
 
 multiversion! {
     /// For every row pair of `folded` (width `c.iw`) and `out` (width
-    /// `c.ow`): `out[x] = f(v[x * stride + k * dilation], k < kernel)` for
-    /// the interior columns `x`, where `v` is the folded row from column
-    /// `lo * stride - pad` on. Other columns may be written too; the caller's
+    /// `c.ow`): `out[x] = f(v[x * sw + k * dw], k < kw)` for the interior
+    /// columns `x`, where `v` is the folded row from column `x_lo * sw - pw`
+    /// on. Other columns may be written too; the caller's
     /// border pass overwrites them.
     unsafe fn windows<T>(reduce: Reduce, folded: &[T], out: &mut [T], c: Cols) => windows_impl
 }
 
 #[inline(always)]
 unsafe fn windows_impl<T: Float>(reduce: Reduce, folded: &[T], out: &mut [T], c: Cols) {
-    let Cols {
-        iw,
-        ow,
-        lo: x_lo,
-        hi: x_hi,
-        pad: pw,
-        kernel: kw,
-        stride: sw,
-        dilation: dw,
-    } = c;
+    #[rustfmt::skip]
+    let Cols { iw, ow, x_lo, x_hi, pw, kw, sw, dw } = c;
     // The shapes CNNs use, with the window fixed so the loop vectorises
     // (stride 2 as interleaved loads).
     #[inline(always)]
@@ -309,16 +302,8 @@ pub(super) fn pool<T: Float>(
     } else {
         (0, 0)
     };
-    let cols_geometry = Cols {
-        iw,
-        ow,
-        lo: x_lo,
-        hi: x_hi,
-        pad: pw,
-        kernel: kw,
-        stride: sw,
-        dilation: dw,
-    };
+    #[rustfmt::skip]
+    let cols_geometry = Cols { iw, ow, x_lo, x_hi, pw, kw, sw, dw };
     let combine = |a: T, b: T| match reduce {
         Reduce::Max => nan_max(a, b),
         Reduce::Sum => a + b,
