@@ -1,7 +1,7 @@
 //! Elementwise activations: one operation type for every activation, and the
 //! [`ActivationKind`] that convolution and linear layers fuse as an epilogue.
 
-use ai3_kernels::cpu::activation::{self, map, map_inplace};
+use ai3_kernels::cpu::activation::{self, map, map_inplace, map_inplace_serial};
 use ai3_kernels::custom;
 use ai3_kernels::Float;
 
@@ -195,13 +195,10 @@ impl ActivationKind {
     /// [`apply_inplace`](Self::apply_inplace) on the calling thread, for a
     /// kernel's epilogue on a block one of its tasks just wrote.
     pub fn apply_serial<T: Float>(&self, data: &mut [T]) {
-        fn each<T: Copy>(data: &mut [T], f: impl Fn(T) -> T) {
-            data.iter_mut().for_each(|x| *x = f(*x));
-        }
         if let (Some(act), Some(d)) = (self.f32_vectorised(), f32_slice(data)) {
             return activation::vectorised_f32_serial(d, act);
         }
-        with_scalar_fn!(*self, T, each(data))
+        with_scalar_fn!(*self, T, map_inplace_serial(data))
     }
 }
 

@@ -138,6 +138,17 @@ impl Operation for Concat {
 /// input is copied to its place in `output`, unless the memory planner
 /// already put it there (see [`Operation::in_place_parts`]).
 fn concat_runs(inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+    // Checked before anything is written.
+    if let Some(t) = inputs.iter().find(|t| t.dtype() != output.dtype()) {
+        return Err(Error::invalid(
+            OpKind::Cat.name(),
+            format!(
+                "an input of dtype {} for an output of {}",
+                t.dtype().name(),
+                output.dtype().name()
+            ),
+        ));
+    }
     let total: usize = inputs.iter().map(|t| t.numel()).sum();
     if total != output.numel() {
         return Err(Error::internal(
@@ -152,16 +163,6 @@ fn concat_runs(inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
     let dst = output.data_ptr_mut();
     let mut at = 0usize;
     for t in inputs {
-        if t.dtype() != output.dtype() {
-            return Err(Error::invalid(
-                OpKind::Cat.name(),
-                format!(
-                    "an input of dtype {} for an output of {}",
-                    t.dtype().name(),
-                    output.dtype().name()
-                ),
-            ));
-        }
         let bytes = t.numel() * size;
         // SAFETY: `at + bytes` is within the output (the sizes sum to its
         // own, checked above); the input holds `bytes` bytes. Raw copies, not

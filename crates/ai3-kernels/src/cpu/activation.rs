@@ -149,6 +149,13 @@ pub fn map_inplace<T: Float, F: Fn(T) -> T + Sync>(data: &mut [T], f: F) {
     }
 }
 
+/// `data[i] = f(data[i])` on the calling thread (a kernel's epilogue on a
+/// block one of its tasks just wrote).
+pub fn map_inplace_serial<T: Float, F: Fn(T) -> T>(data: &mut [T], f: F) {
+    // SAFETY: plain Rust on slices, compiled for the ISA level in use.
+    unsafe { map_slice_inplace(data, &f) };
+}
+
 multiversion! {
     /// `o[i] = f(x[i])` over the shorter of the two.
     unsafe fn map_slice<T, F: Fn(T) -> T>(x: &[T], o: &mut [T], f: &F) => map_slice_impl

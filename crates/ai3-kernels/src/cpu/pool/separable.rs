@@ -21,6 +21,15 @@ pub(super) enum Reduce {
 }
 
 impl Reduce {
+    /// `a` and `b` combined (for the few border windows; the vector loops
+    /// bind the function once with `with_combine!`).
+    fn apply<T: Float>(self, a: T, b: T) -> T {
+        match self {
+            Reduce::Max => nan_max(a, b),
+            Reduce::Sum => a + b,
+        }
+    }
+
     /// The result over no element.
     fn identity<T: Float>(self) -> T {
         match self {
@@ -304,10 +313,6 @@ pub(super) fn pool<T: Float>(
     };
     #[rustfmt::skip]
     let cols_geometry = Cols { iw, ow, x_lo, x_hi, pw, kw, sw, dw };
-    let combine = |a: T, b: T| match reduce {
-        Reduce::Max => nan_max(a, b),
-        Reduce::Sum => a + b,
-    };
     for_each_plane(input, ih * iw, output, oh * ow, |src, dst| {
         // Every entry of `folded` is written before it is read.
         with_scratch::<T, _>(oh * iw, |folded| {
@@ -324,7 +329,7 @@ pub(super) fn pool<T: Float>(
                     out[x] = cols[x]
                         .clone()
                         .map(|kx| folded[(x0 + (kx * dw) as isize) as usize])
-                        .fold(reduce.identity(), combine);
+                        .fold(reduce.identity(), |a, b| reduce.apply(a, b));
                 }
                 finish(y, out);
             }
