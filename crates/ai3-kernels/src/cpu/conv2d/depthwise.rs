@@ -279,6 +279,11 @@ unsafe fn flat_conv_impl<T: Float>(layout: &Layout, copy: &[T], w: &[T], bias: T
 /// 14x14 0.24 -> 0.20 (two threads 0.35 -> 0.28, 0.20 -> 0.17, 0.12 ->
 /// 0.11). For 3x3 and 5x5 kernels the wasted products cancel the gain
 /// (144 channels 3x3 at 56x56: 0.28 -> 0.30 ms), so they stay flat.
+// The row-block kernel is AVX2 code; elsewhere `applies` is false.
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(unused, clippy::extra_unused_type_parameters)
+)]
 mod rows {
     use super::Layout;
     use crate::params::Conv2dParams;

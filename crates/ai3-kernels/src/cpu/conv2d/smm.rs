@@ -17,6 +17,7 @@
 //! so each accumulator is read and written once per (input channel, kernel
 //! row) instead of once per tap. The tile is written out once at the end.
 
+#[cfg(target_arch = "x86_64")]
 use std::any::TypeId;
 
 use rayon::prelude::*;
@@ -207,6 +208,8 @@ fn run<T: Float>(
 /// The fastest fused-pass kernels for `T`, indexed by the number of taps - 1.
 /// `portable` forces the plain Rust kernels (for tests).
 fn select<T: Float>(force_portable: bool) -> [PassFn<T>; MAX_FUSED] {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = force_portable;
     #[cfg(target_arch = "x86_64")]
     if !force_portable && crate::isa::avx512() {
         if TypeId::of::<T>() == TypeId::of::<f32>() {

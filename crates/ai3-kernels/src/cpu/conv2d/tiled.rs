@@ -22,6 +22,10 @@
 //! then passes over the job's pixels, so a layer's weights (most of what
 //! the late, small-image layers read) come from memory once per job.
 
+// The register-tile driver exists on x86-64 only; elsewhere `supports` is
+// false and only the portable entry points are used.
+#![cfg_attr(not(target_arch = "x86_64"), allow(unused))]
+
 use std::any::TypeId;
 
 use rayon::prelude::*;

@@ -9,6 +9,10 @@
 //! panel's block stays in L1 while every row block of the task passes over
 //! it, and the rows' block stays in L2 across panels.
 
+// The packed AVX-512 path exists on x86-64 only; elsewhere the layer is
+// never packed and only the portable entry points are used.
+#![cfg_attr(not(target_arch = "x86_64"), allow(unused, clippy::needless_return))]
+
 use rayon::prelude::*;
 
 use crate::alloc::{try_zeroed_vec, KernelResult};

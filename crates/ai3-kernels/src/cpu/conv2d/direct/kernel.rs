@@ -60,6 +60,8 @@ pub(super) fn vector_len<T: 'static>() -> usize {
 /// The fastest microkernel for `T` and block shape `(mr, nv)` (one of [`SHAPES`]).
 /// `force_portable` picks the plain Rust kernel whatever the CPU (for tests).
 pub(super) fn select<T: Float>(mr: usize, nv: usize, force_portable: bool) -> TileFn<T> {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = force_portable;
     // The kernel of module `$isa` for `T` and `(mr, nv)`, when T is f32 or f64.
     #[cfg(target_arch = "x86_64")]
     macro_rules! from {
