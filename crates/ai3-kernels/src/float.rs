@@ -1,5 +1,6 @@
 //! The element trait every kernel is generic over.
 
+use std::any::TypeId;
 use std::fmt::Debug;
 use std::iter::Sum;
 use std::ops::{AddAssign, MulAssign};
@@ -36,6 +37,21 @@ pub trait Float:
 /// Lanes of independent partial sums in [`lane_sum`]: the compiler
 /// vectorises sums it may split.
 pub(crate) const LANES: usize = 8;
+
+/// `v` as f32 values, when `T` is f32.
+pub(crate) fn as_f32<T: Float>(v: &[T]) -> Option<&[f32]> {
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        // SAFETY: T is f32, so this is the same slice.
+        .then(|| unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) })
+}
+
+/// `v` as mutable f32 values, when `T` is f32.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn as_f32_mut<T: Float>(v: &mut [T]) -> Option<&mut [f32]> {
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        // SAFETY: T is f32, so this is the same slice.
+        .then(|| unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), v.len()) })
+}
 
 /// The sum of `f(v)` over `x` in f64, over [`LANES`] partial sums: fast
 /// (vectorised in a caller compiled for a vector ISA, see `multiversion!`)

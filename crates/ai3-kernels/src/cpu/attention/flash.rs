@@ -11,6 +11,7 @@ use crate::alloc::{try_zeroed_vec, KernelResult};
 use crate::cpu::linear::packed;
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::cpu::scratch::with_scratch;
+use crate::float::as_f32;
 use crate::params::AttentionParams;
 use crate::Float;
 
@@ -202,12 +203,6 @@ pub fn attention<T: Float>(
                     })
                 })
         })
-}
-
-fn as_f32<T: Float>(v: &[T]) -> Option<&[f32]> {
-    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
-        // SAFETY: T is f32.
-        .then(|| unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) })
 }
 
 /// One head's keys `[lk, d]` as panels of [`NR`] keys, each `[d][NR]`

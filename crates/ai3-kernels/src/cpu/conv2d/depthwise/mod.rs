@@ -1,8 +1,11 @@
 //! Depthwise convolution (one input channel per group, any channel
-//! multiplier), the direct algorithm's path for MobileNet- and
-//! EfficientNet-style layers.
+//! multiplier), the direct algorithm's path for MobileNet-, EfficientNet-
+//! and ConvNeXt-style layers.
 //!
-//! Each output plane is computed on its own. The input plane it reads is
+//! f32 on a CPU with AVX2 and FMA runs on blocks of 8 channels interleaved
+//! per pixel ([`blocked`]): every lane of every vector product is useful
+//! whatever the plane's size or the stride. Elsewhere (f64, other CPUs),
+//! each output plane is computed on its own. The input plane it reads is
 //! copied once, zero-padded, into a per-thread buffer split by phase in both
 //! dimensions (padded pixel `(r, c)` goes to sub-plane `(r % stride_h,
 //! c % stride_w)` at `(r / stride_h, c / stride_w)`), so that for any stride
@@ -16,10 +19,11 @@
 //! still in cache. The multiplier's output planes of one input channel share
 //! its copy.
 //!
-//! The loops are plain Rust compiled once per [ISA level](crate::isa), so they
-//! run on 16 (AVX-512), 8 (AVX2) or the baseline's lanes. Stride-1 layers
-//! with 7x7 or taller kernels take another route on AVX2 (f32): blocks of
-//! output rows computed from the copy in registers (see [`rows`]).
+//! These loops are plain Rust compiled once per [ISA level](crate::isa), so
+//! they run on 16 (AVX-512), 8 (AVX2) or the baseline's lanes.
+
+#[cfg(target_arch = "x86_64")]
+mod blocked;
 
 use rayon::prelude::*;
 
@@ -66,13 +70,10 @@ struct Layout {
     flat_len: usize,
     /// Offset in the copy of each tap's first read, in `(ky, kx)` order.
     taps: Vec<usize>,
-    /// The output is computed by [`rows::plane`] straight from the copy
-    /// rather than as a flat run (see [`rows::applies`] for the layers).
-    by_rows: bool,
 }
 
 impl Layout {
-    fn new<T: Float>(p: &Conv2dParams) -> Self {
+    fn new(p: &Conv2dParams) -> Self {
         let (sh, sw) = p.stride;
         let (sub_h, sub_w) = (p.padded_h().div_ceil(sh), p.padded_w().div_ceil(sw));
         let sub_len = sub_h * sub_w;
@@ -86,15 +87,12 @@ impl Layout {
         }
         let flat_len = (p.out_h() * sub_w).next_multiple_of(CHUNK);
         let last_read = taps.iter().max().copied().unwrap_or(0) + flat_len;
-        let by_rows = rows::applies::<T>(p);
         Layout {
             sub_h,
             sub_w,
-            // By rows, a row's last block of columns reads up to a block past its end.
-            copy_len: (sh * sw * sub_len).max(last_read).max(sub_len + rows::COLS),
-            flat_len: if by_rows { 0 } else { flat_len },
+            copy_len: (sh * sw * sub_len).max(last_read),
+            flat_len,
             taps,
-            by_rows,
         }
     }
 }
@@ -120,6 +118,23 @@ pub fn conv2d<T: Float>(
             what: "depthwise convolution needs one input channel per group and a column stride of at most 4",
         });
     }
+    #[cfg(target_arch = "x86_64")]
+    if blocked_applies() {
+        use crate::float::{as_f32, as_f32_mut};
+        if let (Some(x), Some(w), Some(out)) = (as_f32(input), as_f32(weight), as_f32_mut(output)) {
+            let b = bias.map(|b| as_f32(b).expect("T is f32"));
+            // SAFETY: T is f32 (the casts succeeded); the epilogue takes T slices.
+            let e = epilogue.map(|f| {
+                move |at: usize, s: &mut [f32]| {
+                    f(at, unsafe {
+                        std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<T>(), s.len())
+                    })
+                }
+            });
+            let e = e.as_ref().map(|f| f as Epilogue<f32>);
+            return blocked::conv2d(p, x, w, b, out, e);
+        }
+    }
     let (oh, ow) = (p.out_h(), p.out_w());
     let plane_out = oh * ow;
     if plane_out == 0 || p.batch == 0 {
@@ -128,7 +143,7 @@ pub fn conv2d<T: Float>(
     let plane_in = p.in_h * p.in_w;
     let mult = p.out_channels_per_group();
     let ntaps = p.kernel_h * p.kernel_w;
-    let layout = Layout::new::<T>(p);
+    let layout = Layout::new(p);
     let layout = &layout;
     // One task: the `mult` output planes of one (image, input channel), with
     // a buffer whose padding positions are zero (`fill` writes only the
@@ -143,15 +158,11 @@ pub fn conv2d<T: Float>(
             let oc = g * mult + j;
             let w = &weight[oc * ntaps..][..ntaps];
             let b = bias.map_or(T::zero(), |b| b[oc]);
-            if layout.by_rows {
-                rows::plane(p, layout, copy, w, b, plane);
-            } else {
-                // SAFETY: `copy` and `flat` have the layout's lengths, so every
-                // tap's run of `flat_len` reads lies inside `copy`.
-                unsafe { flat_conv(layout, copy, w, b, flat) };
-                for (y, row) in plane.chunks_exact_mut(ow).enumerate() {
-                    row.copy_from_slice(&flat[y * layout.sub_w..][..ow]);
-                }
+            // SAFETY: `copy` and `flat` have the layout's lengths, so every
+            // tap's run of `flat_len` reads lies inside `copy`.
+            unsafe { flat_conv(layout, copy, w, b, flat) };
+            for (y, row) in plane.chunks_exact_mut(ow).enumerate() {
+                row.copy_from_slice(&flat[y * layout.sub_w..][..ow]);
             }
             if let Some(e) = epilogue {
                 e((t * mult + j) * plane_out, plane);
@@ -187,6 +198,23 @@ pub fn conv2d<T: Float>(
             }
         })
     }
+}
+
+/// Whether f32 layers run on channel blocks ([`blocked`]) rather than plane
+/// by plane: with AVX2 and FMA, unless a test forces the planes.
+#[cfg(target_arch = "x86_64")]
+fn blocked_applies() -> bool {
+    #[cfg(test)]
+    if FORCE_PLANES.with(|f| f.get()) {
+        return false;
+    }
+    blocked::available()
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+thread_local! {
+    /// Makes f32 layers run plane by plane, so tests cover both paths.
+    static FORCE_PLANES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Writes the zero-padded, phase-split copy of the plane `src` into `copy`
@@ -269,174 +297,23 @@ unsafe fn flat_conv_impl<T: Float>(layout: &Layout, copy: &[T], w: &[T], bias: T
     }
 }
 
-/// Stride-1 layers with tall kernels on AVX2 (f32), such as ConvNeXt's 7x7:
-/// output blocks of [`ROWS`](rows::ROWS) x [`COLS`](rows::COLS) held in
-/// eight registers, each vector of an input row loaded once per block and
-/// multiplied into all `ROWS` output rows (with the weights framed by zero
-/// rows, so no test per row: `kh + ROWS - 1` products per column where `kh`
-/// are useful), where the flat run loads it once per tap. One thread, 7x7:
-/// 96 channels at 56x56 0.70 -> 0.55 ms, 192 at 28x28 0.40 -> 0.30, 384 at
-/// 14x14 0.24 -> 0.20 (two threads 0.35 -> 0.28, 0.20 -> 0.17, 0.12 ->
-/// 0.11). For 3x3 and 5x5 kernels the wasted products cancel the gain
-/// (144 channels 3x3 at 56x56: 0.28 -> 0.30 ms), so they stay flat.
-// The row-block kernel is AVX2 code; elsewhere `applies` is false.
-#[cfg_attr(
-    not(target_arch = "x86_64"),
-    allow(unused, clippy::extra_unused_type_parameters)
-)]
-mod rows {
-    use super::Layout;
-    use crate::params::Conv2dParams;
-    use crate::Float;
-    use std::any::TypeId;
-
-    /// Output rows of a block.
-    pub(super) const ROWS: usize = 4;
-    /// Output columns of a block (two AVX2 vectors).
-    pub(super) const COLS: usize = 16;
-    /// Narrowest output plane taken: narrower ones would compute mostly
-    /// discarded columns.
-    pub(super) const MIN_WIDTH: usize = 12;
-    /// Shortest kernel taken (see the module's measurements).
-    const MIN_KERNEL_H: usize = 7;
-    /// Most framed weights (`(kh + 2 * (ROWS - 1)) * kw`), kept on the stack.
-    const FRAMED: usize = 256;
-
-    /// Whether [`plane`] takes `p` with elements of type `T`.
-    pub(super) fn applies<T: Float>(p: &Conv2dParams) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            TypeId::of::<T>() == TypeId::of::<f32>()
-                && crate::isa::level() >= crate::isa::Isa::Avx2
-                && p.stride == (1, 1)
-                && p.dilation == (1, 1)
-                && p.out_w() >= MIN_WIDTH
-                && p.kernel_h >= MIN_KERNEL_H
-                && (p.kernel_h + 2 * (ROWS - 1)) * p.kernel_w <= FRAMED
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = p;
-            false
-        }
-    }
-
-    /// One output plane from the padded copy of its input plane (`layout`
-    /// made for `p`, for which [`applies`] holds), starting from `bias`.
-    pub(super) fn plane<T: Float>(
-        p: &Conv2dParams,
-        layout: &Layout,
-        copy: &[T],
-        w: &[T],
-        bias: T,
-        out: &mut [T],
-    ) {
-        assert!(layout.by_rows && TypeId::of::<T>() == TypeId::of::<f32>());
-        let (oh, ow, kh, kw) = (p.out_h(), p.out_w(), p.kernel_h, p.kernel_w);
-        assert!(copy.len() >= (oh + kh - 1) * layout.sub_w + COLS && out.len() == oh * ow);
-        assert!(w.len() == kh * kw && ow + kw - 1 <= layout.sub_w);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: T is f32 (checked), so these are the same buffers; the CPU
-        // has AVX2 and FMA (`applies`, which made `layout.by_rows`); the
-        // lengths are checked above.
-        unsafe {
-            let f = |s: &[T]| std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len());
-            let out = std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<f32>(), out.len());
-            let bias = bias.to_f32().expect("f32");
-            let mut framed = [0.0f32; FRAMED];
-            framed[(ROWS - 1) * kw..][..kh * kw].copy_from_slice(f(w));
-            avx2(
-                f(copy),
-                layout.sub_w,
-                &framed,
-                (kh, kw),
-                bias,
-                (oh, ow),
-                out,
-            );
-        }
-    }
-
-    /// `out[y][x] = bias + sum over (ky, kx) of w[ky][kx] * copy[(y + ky) *
-    /// sub_w + x + kx]`, with `framed` holding `w` between `ROWS - 1` rows
-    /// of zeros above and below.
-    ///
-    /// # Safety
-    /// AVX2 and FMA; `copy` holds `(oh + kh - 1) * sub_w + COLS` values,
-    /// `ow + kw - 1 <= sub_w`, `framed` `(kh + 2 * (ROWS - 1)) * kw`, `out`
-    /// `oh * ow`.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2(
-        copy: &[f32],
-        sub_w: usize,
-        framed: &[f32],
-        (kh, kw): (usize, usize),
-        bias: f32,
-        (oh, ow): (usize, usize),
-        out: &mut [f32],
-    ) {
-        use std::arch::x86_64::*;
-        let (cp, wp, op) = (copy.as_ptr(), framed.as_ptr(), out.as_mut_ptr());
-        // SAFETY (whole body): reads of `copy` reach at most row oh + kh - 2,
-        // column ow - 1 + kw - 1 + COLS - 1 < sub_w + COLS of it; writes stay
-        // in rows y0 + r < oh, columns x0 .. x0 + n <= ow of `out`.
-        unsafe {
-            for y0 in (0..oh).step_by(ROWS) {
-                let rows = ROWS.min(oh - y0);
-                for x0 in (0..ow).step_by(COLS) {
-                    let b = _mm256_set1_ps(bias);
-                    let mut acc = [[b; 2]; ROWS];
-                    for j in 0..rows + kh - 1 {
-                        // Output row y0 + r takes input row y0 + j as its tap row
-                        // j - r: row j - r + ROWS - 1 of the zero-framed weights.
-                        let src = cp.add((y0 + j) * sub_w + x0);
-                        let wj = wp.add((j + ROWS - 1) * kw);
-                        for kx in 0..kw {
-                            let s0 = _mm256_loadu_ps(src.add(kx));
-                            let s1 = _mm256_loadu_ps(src.add(kx + 8));
-                            macro_rules! row {
-                                ($r:literal) => {
-                                    let wv = _mm256_broadcast_ss(&*wj.add(kx).sub($r * kw));
-                                    acc[$r][0] = _mm256_fmadd_ps(wv, s0, acc[$r][0]);
-                                    acc[$r][1] = _mm256_fmadd_ps(wv, s1, acc[$r][1]);
-                                };
-                            }
-                            row!(0);
-                            row!(1);
-                            row!(2);
-                            row!(3);
-                        }
-                    }
-                    let n = COLS.min(ow - x0);
-                    for (r, v) in acc.iter().take(rows).enumerate() {
-                        let dst = op.add((y0 + r) * ow + x0);
-                        if n == COLS {
-                            _mm256_storeu_ps(dst, v[0]);
-                            _mm256_storeu_ps(dst.add(8), v[1]);
-                        } else {
-                            let mut tmp = [0.0f32; COLS];
-                            _mm256_storeu_ps(tmp.as_mut_ptr(), v[0]);
-                            _mm256_storeu_ps(tmp.as_mut_ptr().add(8), v[1]);
-                            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, n);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cpu::conv2d::direct;
     use crate::params::Padding2d;
 
-    /// Every stride, dilation, padding, multiplier and plane size the grid
-    /// holds, against the generic direct kernel, in f32 and f64.
+    /// Every stride, dilation, padding, multiplier, channel count (one
+    /// partial channel block, and two) and plane size the grid holds, against
+    /// the generic direct kernel, in f32 (blocked and plane by plane) and
+    /// f64, on this thread and on two.
     #[test]
     fn matches_direct_convolution() {
+        grid();
+        crate::cpu::test_util::on_two_threads(grid);
+    }
+
+    fn grid() {
         let mut cases = 0;
         for &(k, stride, dil, pad) in &[
             (3, 1, 1, (1, 1, 1, 1)),
@@ -448,14 +325,14 @@ mod tests {
             (7, 1, 1, (3, 3, 3, 3)),
             (3, 2, 1, (0, 1, 0, 1)),
         ] {
-            for &(h, w) in &[(7, 7), (9, 40), (1, 33), (12, 5), (14, 14)] {
+            for &(h, w, c) in &[(7, 7, 3), (9, 40, 11), (1, 33, 3), (12, 5, 11), (14, 14, 3)] {
                 for &mult in &[1, 2] {
                     let p = Conv2dParams {
                         batch: 2,
-                        in_channels: 3,
+                        in_channels: c,
                         in_h: h,
                         in_w: w,
-                        out_channels: 3 * mult,
+                        out_channels: c * mult,
                         kernel_h: k,
                         kernel_w: k,
                         stride: (stride, stride),
@@ -466,7 +343,7 @@ mod tests {
                             right: pad.3,
                         },
                         dilation: (dil, dil),
-                        groups: 3,
+                        groups: c,
                     };
                     if p.padded_h() < p.effective_kernel_h()
                         || p.padded_w() < p.effective_kernel_w()
@@ -474,6 +351,12 @@ mod tests {
                         continue;
                     }
                     check::<f32>(&p, 1e-5);
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        FORCE_PLANES.with(|f| f.set(true));
+                        check::<f32>(&p, 1e-5);
+                        FORCE_PLANES.with(|f| f.set(false));
+                    }
                     check::<f64>(&p, 1e-12);
                     cases += 1;
                 }
