@@ -131,9 +131,13 @@ def worker(engine: str, name: str, batch: int, onnx_path: str, threads: int) -> 
     out = sys.stdout
     sys.stdout = sys.stderr  # engines' chatter must not corrupt the protocol
     try:
+        start = time.perf_counter()
+        # Built outside inference mode, as a user builds a network before
+        # running it under torch.inference_mode(): parameters made inside it
+        # are inference tensors, which PyTorch gives no version counter, so
+        # swapped layers would rebuild their packed weights on every call.
+        fn = _engine(engine, name, batch, onnx_path, threads)
         with torch.inference_mode():
-            start = time.perf_counter()
-            fn = _engine(engine, name, batch, onnx_path, threads)
             got = fn()  # warm-up (compiles for torch.compile)
             fn()
             setup = time.perf_counter() - start

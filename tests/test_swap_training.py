@@ -228,10 +228,14 @@ def test_layers_sharing_a_weight_with_different_settings():
 
 
 def test_weights_made_under_inference_mode():
-    """Inference tensors have no version counter: such layers are rebuilt per call."""
+    """Inference tensors have no version counter: such layers are rebuilt per call,
+    and swapping them says so, once per call of swap_operation."""
     with torch.inference_mode():
         ref = nn.Sequential(nn.Conv2d(3, 5, 3), nn.Linear(6, 2))
-        net = ai3.swap_operation("linear", ai3.swap_conv2d(copy.deepcopy(ref), "winograd"))
+        with pytest.warns(UserWarning, match=r"1 swapped conv2d layer\(s\) .*inference tensors"):
+            net = ai3.swap_conv2d(copy.deepcopy(ref), "winograd")
+        with pytest.warns(UserWarning, match=r"1 swapped linear layer\(s\)"):
+            net = ai3.swap_operation("linear", net)
         x = torch.randn(2, 3, 8, 8)
         assert_close(net(x), ref(x))
         ref[0].weight.mul_(-2.0)
@@ -239,6 +243,19 @@ def test_weights_made_under_inference_mode():
         ref[1].bias.add_(3.0)
         net[1].bias.add_(3.0)
         assert_close(net(x), ref(x))
+
+
+def test_weights_made_outside_inference_mode_do_not_warn():
+    """A network built normally and run under inference_mode: no warning."""
+    import warnings
+
+    ref = nn.Sequential(nn.Conv2d(3, 5, 3), nn.ReLU())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net = ai3.swap_conv2d(copy.deepcopy(ref))
+        with torch.inference_mode():
+            x = torch.randn(2, 3, 8, 8)
+            assert_close(net(x), ref(x))
 
 
 def test_converted_model_keeps_its_own_weights():

@@ -24,6 +24,7 @@ modules, always with the same ``Parameter`` objects.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -324,6 +325,27 @@ def is_swapped(module: nn.Module) -> bool:
     return isinstance(module, _Swapped)
 
 
+def _warn_if_inference_tensors(op: str, modules) -> None:
+    """Warns once when swapped layers' parameters are inference tensors (made
+    under ``torch.inference_mode()``): PyTorch gives them no version counter,
+    so nothing says when they change, and such a layer re-packs its weights
+    on every call."""
+    n = sum(
+        1
+        for m in modules
+        if is_swapped(m) and any(p.is_inference() for p in m.parameters(recurse=False))
+    )
+    if n:
+        warnings.warn(
+            f"ai3: {n} swapped {op} layer(s) have weights that are inference tensors "
+            "(made under torch.inference_mode()), which have no version counter: "
+            "they re-pack their weights on every call. Build or load the network "
+            "outside torch.inference_mode() and run it inside.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def swap_operation(
     op_type: type[nn.Module] | str,
     module: nn.Module,
@@ -410,6 +432,7 @@ def swap_operation(
             replacement[id(m)] = m.to_torch()
         elif swap_with is not None or algo != m.algorithm:
             replacement[id(m)] = build(m.to_torch(), algo)
+    _warn_if_inference_tensors(op, replacement.values())
     if id(module) in replacement:
         return replacement[id(module)]
     for parent in list(module.modules()):
