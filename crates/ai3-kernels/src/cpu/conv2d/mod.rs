@@ -155,6 +155,32 @@ where
 /// `at..at + s.len()`.
 pub type Epilogue<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
 
+/// `f` run on the f32 views of a convolution's buffers and epilogue, when
+/// `T` is f32 (for the f32-only kernels, all x86-64); `None` otherwise.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn with_f32<T: crate::Float, R>(
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+    epilogue: Option<Epilogue<T>>,
+    f: impl FnOnce(&[f32], &[f32], Option<&[f32]>, &mut [f32], Option<Epilogue<f32>>) -> R,
+) -> Option<R> {
+    use crate::float::{as_f32, as_f32_mut};
+    let (x, w, out) = (as_f32(input)?, as_f32(weight)?, as_f32_mut(output)?);
+    let b = bias.map(|b| as_f32(b).expect("T is f32"));
+    // SAFETY: T is f32 (the casts above succeeded), so the epilogue's f32
+    // slices are T slices.
+    let e = epilogue.map(|g| {
+        move |at: usize, s: &mut [f32]| {
+            g(at, unsafe {
+                std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<T>(), s.len())
+            })
+        }
+    });
+    Some(f(x, w, b, out, e.as_ref().map(|g| g as Epilogue<f32>)))
+}
+
 /// A raw output pointer shared by tasks that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 pub(crate) struct SharedMut<T>(pub *mut T);

@@ -141,26 +141,15 @@ pub fn conv2d<T: Float>(
     #[cfg(target_arch = "x86_64")]
     {
         let kernel = Kernel::get().expect("checked by supports");
-        // SAFETY: T is f32 (checked by supports), so these are the same buffers.
-        let cast =
-            |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) };
-        let (x, w, b) = (cast(input), cast(weight), bias.map(cast));
-        // SAFETY: as above.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut(output.as_mut_ptr().cast::<f32>(), output.len())
-        };
-        // SAFETY: as above; the epilogue takes f32 slices.
-        let epilogue = epilogue.map(|f| {
-            move |at: usize, s: &mut [f32]| {
-                f(at, unsafe {
-                    std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<T>(), s.len())
-                })
-            }
-        });
-        let epilogue = epilogue.as_ref().map(|f| f as Epilogue<f32>);
-        if !out.is_empty() {
-            gemm(kernel, p, x, w, b, out, epilogue)?;
-        }
+        let run =
+            |x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32], e: Option<Epilogue<f32>>| {
+                if out.is_empty() {
+                    return Ok(());
+                }
+                gemm(kernel, p, x, w, b, out, e)
+            };
+        super::with_f32(input, weight, bias, output, epilogue, run)
+            .expect("T is f32 (checked by supports)")?;
     }
     Ok(())
 }

@@ -120,19 +120,12 @@ pub fn conv2d<T: Float>(
     }
     #[cfg(target_arch = "x86_64")]
     if blocked_applies() {
-        use crate::float::{as_f32, as_f32_mut};
-        if let (Some(x), Some(w), Some(out)) = (as_f32(input), as_f32(weight), as_f32_mut(output)) {
-            let b = bias.map(|b| as_f32(b).expect("T is f32"));
-            // SAFETY: T is f32 (the casts succeeded); the epilogue takes T slices.
-            let e = epilogue.map(|f| {
-                move |at: usize, s: &mut [f32]| {
-                    f(at, unsafe {
-                        std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<T>(), s.len())
-                    })
-                }
-            });
-            let e = e.as_ref().map(|f| f as Epilogue<f32>);
-            return blocked::conv2d(p, x, w, b, out, e);
+        let blocked =
+            |x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32], e: Option<Epilogue<f32>>| {
+                blocked::conv2d(p, x, w, b, out, e)
+            };
+        if let Some(done) = super::with_f32(input, weight, bias, output, epilogue, blocked) {
+            return done;
         }
     }
     let (oh, ow) = (p.out_h(), p.out_w());
