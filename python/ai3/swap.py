@@ -12,7 +12,9 @@ update PyTorch tracks (optimizer steps, ``load_state_dict``, ``nn.init``,
 ``with torch.no_grad(): w.mul_(2)``) and every new ``.data`` rebuilds them.
 Writes through ``w.data`` in place (``w.data.mul_(2)``) bypass the version
 counter, as they bypass autograd's checks, and are not seen: update weights
-in place under ``torch.no_grad()`` instead.
+in place under ``torch.no_grad()`` instead. Weights made under
+``torch.inference_mode()`` (inference tensors) have no version counter at
+all, so those layers re-pack them on every call, and swapping them warns.
 
 A swapped module carries the hyperparameters of the module it replaced
 (``stride``, ``padding`` as given, ...) and reads like it in its repr, plus
