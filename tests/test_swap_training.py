@@ -232,8 +232,11 @@ def test_weights_made_under_inference_mode():
     and swapping them says so, once per call of swap_operation."""
     with torch.inference_mode():
         ref = nn.Sequential(nn.Conv2d(3, 5, 3), nn.Linear(6, 2))
-        with pytest.warns(UserWarning, match=r"1 swapped conv2d layer\(s\) .*inference tensors"):
+        with pytest.warns(
+            UserWarning, match=r"1 swapped conv2d layer\(s\) .*inference tensors"
+        ) as caught:
             net = ai3.swap_conv2d(copy.deepcopy(ref), "winograd")
+        assert caught[0].filename == __file__  # points at the caller, not at ai3
         with pytest.warns(UserWarning, match=r"1 swapped linear layer\(s\)"):
             net = ai3.swap_operation("linear", net)
         x = torch.randn(2, 3, 8, 8)

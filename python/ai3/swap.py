@@ -26,6 +26,7 @@ modules, always with the same ``Parameter`` objects.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -344,8 +345,17 @@ def _warn_if_inference_tensors(op: str, modules) -> None:
             "they re-pack their weights on every call. Build or load the network "
             "outside torch.inference_mode() and run it inside.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=_caller_level(),
         )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning raised in this module at the
+    first frame outside it (``swap_conv2d`` and the other shorthands add one)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def swap_operation(
