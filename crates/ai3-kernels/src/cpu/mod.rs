@@ -7,6 +7,7 @@
 pub mod activation;
 pub mod attention;
 pub mod binary;
+pub mod blocked;
 pub mod bmm;
 pub mod conv2d;
 pub mod linear;

@@ -25,11 +25,18 @@ use rayon::prelude::*;
 use super::super::{threads_for_macs, Epilogue, SharedMut};
 use super::MAC_COST;
 use crate::alloc::{try_zeroed_vec, KernelResult};
+use crate::cpu::blocked::transpose::store_transposed;
+use crate::cpu::blocked::BLOCK as CB;
 use crate::cpu::scratch::with_scratch;
 use crate::params::Conv2dParams;
 
-/// Channels per block: the lanes of one AVX2 f32 vector.
-const CB: usize = 8;
+/// The layout of a call's input and output: both NCHW, or both in the
+/// channel-blocked layout (see [`crate::cpu::blocked`]; multiplier 1 only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Io {
+    Nchw,
+    Blocked,
+}
 
 /// Output pixels accumulated in registers at once (`R` vectors of `CB`).
 const R: usize = 8;
@@ -77,10 +84,12 @@ impl Geometry {
 }
 
 /// Depthwise convolution of `p` (depthwise, buffers already checked by the
-/// parent's `conv2d`), with `epilogue` applied to each block's planes.
+/// parent's `conv2d`) with input and output laid out as `io` says, with
+/// `epilogue` applied to each block's output (offsets in that layout).
 /// Needs [`available`]; a refused scratch allocation fails the call.
 pub(super) fn conv2d(
     p: &Conv2dParams,
+    io: Io,
     input: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
@@ -92,7 +101,11 @@ pub(super) fn conv2d(
         "blocked depthwise convolution needs AVX2 and FMA"
     );
     let plane_out = p.out_h() * p.out_w();
-    let image_out = p.out_channels * plane_out;
+    let blocks = p.out_channels.div_ceil(CB);
+    let image_out = match io {
+        Io::Nchw => p.out_channels * plane_out,
+        Io::Blocked => blocks * CB * plane_out,
+    };
     if plane_out == 0 || p.batch == 0 {
         return Ok(());
     }
@@ -109,34 +122,49 @@ pub(super) fn conv2d(
         let (buf, wb) = scratch[skip..].split_at_mut(geo.buf_len);
         let (wb, bb) = wb.split_at_mut(ntaps * CB);
         let c0 = ob * CB;
-        let valid = out.len() / plane_out;
-        // Lanes past `valid` (the last block of a layer) repeat the last
-        // channel: computed, never written.
-        let lane = |l: usize| c0 + l.min(valid - 1);
+        let valid = CB.min(p.out_channels - c0);
+        // Lanes past `valid` (the last block of a layer) have zero weights
+        // and bias: in the blocked layout they are written, as zeros.
         for (t, w) in wb.chunks_exact_mut(CB).enumerate() {
             for (l, w) in w.iter_mut().enumerate() {
-                *w = weight[lane(l) * ntaps + t];
+                *w = if l < valid {
+                    weight[(c0 + l) * ntaps + t]
+                } else {
+                    0.0
+                };
             }
         }
         for (l, b) in bb[..CB].iter_mut().enumerate() {
-            *b = bias.map_or(0.0, |b| b[lane(l)]);
+            *b = match bias {
+                Some(b) if l < valid => b[c0 + l],
+                _ => 0.0,
+            };
         }
-        let srcs: [&[f32]; CB] = std::array::from_fn(|l| {
-            &input[(n * p.in_channels + lane(l) / mult) * plane_in..][..plane_in]
-        });
-        // SAFETY: the CPU has AVX2 and FMA (asserted); `buf` has
-        // `geo.buf_len` elements, each source is one input plane, `wb` and
-        // `bb` hold a vector per tap and one, `out` `valid` planes.
-        unsafe {
-            pack(p, geo.pw, &srcs, buf);
-            compute(p, geo, buf, wb, bb, out, valid);
+        match io {
+            Io::Nchw => {
+                // Lanes past `valid` read the last channel's plane again.
+                let srcs: [&[f32]; CB] = std::array::from_fn(|l| {
+                    let c = c0 + l.min(valid - 1);
+                    &input[(n * p.in_channels + c / mult) * plane_in..][..plane_in]
+                });
+                // SAFETY: the CPU has AVX2 and FMA (asserted); `buf` has
+                // `geo.buf_len` elements, each source is one input plane.
+                unsafe { pack(p, geo.pw, &srcs, buf) };
+            }
+            Io::Blocked => {
+                let src = &input[(n * blocks + ob) * plane_in * CB..][..plane_in * CB];
+                pack_blocked(p, geo.pw, src, buf);
+            }
         }
+        // SAFETY: AVX2 and FMA (asserted); `buf` is packed, `wb` and `bb`
+        // hold a vector per tap and one, `out` `valid` planes (NCHW) or
+        // `plane_out` pixels of `CB` lanes (blocked).
+        unsafe { compute(p, geo, buf, wb, bb, out, valid, io) };
         if let Some(e) = epilogue {
-            e(n * image_out + c0 * plane_out, out);
+            e(n * image_out + ob * CB * plane_out, out);
         }
     };
     let block = CB * plane_out;
-    let blocks = p.out_channels.div_ceil(CB);
     let tasks = p.batch * blocks;
     if threads_for_macs(p.macs().saturating_mul(MAC_COST)) > 1 && tasks > 1 {
         let out = SharedMut(output.as_mut_ptr());
@@ -169,42 +197,6 @@ pub(super) fn conv2d(
                 }
             }
         })
-    }
-}
-
-/// Stores column `j` of the 8x8 matrix whose rows are `r` at `dst[j]`.
-///
-/// # Safety
-/// AVX; each pointer is valid for 8 values.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn store_transposed(r: [__m256; 8], dst: [*mut f32; 8]) {
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    // SAFETY: each destination is valid for 8 values (the caller's contract).
-    unsafe {
-        _mm256_storeu_ps(dst[0], _mm256_permute2f128_ps::<0x20>(s0, s4));
-        _mm256_storeu_ps(dst[1], _mm256_permute2f128_ps::<0x20>(s1, s5));
-        _mm256_storeu_ps(dst[2], _mm256_permute2f128_ps::<0x20>(s2, s6));
-        _mm256_storeu_ps(dst[3], _mm256_permute2f128_ps::<0x20>(s3, s7));
-        _mm256_storeu_ps(dst[4], _mm256_permute2f128_ps::<0x31>(s0, s4));
-        _mm256_storeu_ps(dst[5], _mm256_permute2f128_ps::<0x31>(s1, s5));
-        _mm256_storeu_ps(dst[6], _mm256_permute2f128_ps::<0x31>(s2, s6));
-        _mm256_storeu_ps(dst[7], _mm256_permute2f128_ps::<0x31>(s3, s7));
     }
 }
 
@@ -251,14 +243,27 @@ unsafe fn pack(p: &Conv2dParams, pw: usize, srcs: &[&[f32]; CB], buf: &mut [f32]
     }
 }
 
+/// Copies the blocked input planes `src` (`in_h * in_w` pixels of `CB`
+/// lanes) into the padded buffer, row by row; the padding positions are not
+/// written.
+fn pack_blocked(p: &Conv2dParams, pw: usize, src: &[f32], buf: &mut [f32]) {
+    let row = p.in_w * CB;
+    for (y, r) in src.chunks_exact(row).enumerate() {
+        buf[((p.padding.top + y) * pw + p.padding.left) * CB..][..row].copy_from_slice(r);
+    }
+}
+
 /// `out[l][q] = bb[l] + sum over taps t of wb[t][l] * buf[base(q) + taps[t] + l]`
 /// for the first `valid` lanes, where `base(q)` is the buffer offset of the
 /// top-left input pixel of the window of flat output pixel `q`: [`R`]
-/// pixels in registers at a time, written through an 8x8 transpose.
+/// pixels in registers at a time, written through an 8x8 transpose (NCHW)
+/// or as they are (blocked, all `CB` lanes: `out[q][l]`).
 ///
 /// # Safety
 /// AVX2 and FMA; `buf` packed for `p` (`geo.buf_len` elements), `wb`
-/// `taps * CB`, `bb` `CB`, `out` `valid * out_h * out_w`, `1 <= valid <= CB`.
+/// `taps * CB`, `bb` `CB`, `out` `valid * out_h * out_w` (NCHW) or
+/// `CB * out_h * out_w` (blocked), `1 <= valid <= CB`.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn compute(
     p: &Conv2dParams,
@@ -268,6 +273,7 @@ unsafe fn compute(
     bb: &[f32],
     out: &mut [f32],
     valid: usize,
+    io: Io,
 ) {
     let (ow, plane_out) = (p.out_w(), p.out_h() * p.out_w());
     let (sh, sw) = p.stride;
@@ -304,7 +310,11 @@ unsafe fn compute(
                     *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(bp.add(b + off)), *a);
                 }
             }
-            if n == R && valid == CB {
+            if io == Io::Blocked {
+                for (r, a) in acc.iter().take(n).enumerate() {
+                    _mm256_storeu_ps(op.add((q0 + r) * CB), *a);
+                }
+            } else if n == R && valid == CB {
                 store_transposed(acc, std::array::from_fn(|l| op.add(l * plane_out + q0)));
             } else {
                 let mut tmp = [[0.0f32; R]; CB];

@@ -122,7 +122,7 @@ pub fn conv2d<T: Float>(
     if blocked_applies() {
         let blocked =
             |x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32], e: Option<Epilogue<f32>>| {
-                blocked::conv2d(p, x, w, b, out, e)
+                blocked::conv2d(p, blocked::Io::Nchw, x, w, b, out, e)
             };
         if let Some(done) = super::with_f32(input, weight, bias, output, epilogue, blocked) {
             return done;
@@ -190,6 +190,62 @@ pub fn conv2d<T: Float>(
                 task(scratch, t, out);
             }
         })
+    }
+}
+
+/// Whether [`conv2d_blocked`] takes `p`: depthwise with one output channel
+/// per input channel, on a CPU with the blocked kernels
+/// ([`crate::cpu::blocked::available`]).
+pub fn applies_blocked(p: &Conv2dParams) -> bool {
+    applies(p) && p.out_channels == p.in_channels && crate::cpu::blocked::available()
+}
+
+/// Depthwise convolution in the channel-blocked layout
+/// ([`crate::cpu::blocked`]): `input` and `output` are the blocked forms of
+/// the NCHW tensors, `weight` and `bias` as for [`conv2d`]; `epilogue` gets
+/// offsets in the blocked output. `p` must satisfy [`applies_blocked`].
+pub fn conv2d_blocked(
+    p: &Conv2dParams,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    output: &mut [f32],
+    epilogue: Option<Epilogue<f32>>,
+) -> KernelResult<()> {
+    use crate::cpu::blocked::blocked_len;
+    check_len(
+        "blocked depthwise input",
+        input.len(),
+        blocked_len(p.batch, p.in_channels, p.in_h * p.in_w)?,
+    )?;
+    check_len(
+        "blocked depthwise output",
+        output.len(),
+        blocked_len(p.batch, p.out_channels, p.out_h() * p.out_w())?,
+    )?;
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    if let Some(b) = bias {
+        check_len("conv2d bias", b.len(), p.out_channels)?;
+    }
+    if !applies_blocked(p) {
+        return Err(crate::KernelError::Precondition {
+            what: "the blocked depthwise convolution needs one output channel per input channel, a column stride of at most 4, AVX2 and FMA",
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    return blocked::conv2d(
+        p,
+        blocked::Io::Blocked,
+        input,
+        weight,
+        bias,
+        output,
+        epilogue,
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = epilogue;
+        Ok(())
     }
 }
 
@@ -356,6 +412,9 @@ mod tests {
                         FORCE_PLANES.with(|f| f.set(true));
                         check::<f32>(&p, 1e-5);
                         FORCE_PLANES.with(|f| f.set(false));
+                        if mult == 1 {
+                            check_blocked(&p);
+                        }
                     }
                     check::<f64>(&p, 1e-12);
                     cases += 1;
@@ -388,6 +447,53 @@ mod tests {
         for (i, (g, e)) in got.iter().zip(&want).enumerate() {
             let d = (*g - *e).abs().to_f64().unwrap();
             assert!(d <= tol, "{p:?} at {i}: {g:?} vs {e:?}");
+        }
+    }
+
+    /// The blocked entry point against the NCHW one: input reordered in, the
+    /// output (with the same residual, in the blocked layout, and ReLU)
+    /// reordered back; the padding lanes come out zero.
+    #[cfg(target_arch = "x86_64")]
+    fn check_blocked(p: &Conv2dParams) {
+        use crate::cpu::blocked::{available, blocked_len, from_blocked, to_blocked};
+        if !available() {
+            // AI3_CPU_ISA rules the blocked kernels out: nothing runs them.
+            return;
+        }
+        let val = |i: usize| ((i * 7919) % 23) as f32 / 11.0 - 1.0;
+        let x: Vec<f32> = (0..p.input_len()).map(val).collect();
+        let w: Vec<f32> = (0..p.weight_len()).map(|i| val(i * 3 + 1)).collect();
+        let b: Vec<f32> = (0..p.out_channels).map(|i| val(i + 5)).collect();
+        let r: Vec<f32> = (0..p.output_len()).map(|i| val(i + 11)).collect();
+        let mut want = vec![0.0; p.output_len()];
+        direct::conv2d(p, &x, &w, Some(&b), &mut want).unwrap();
+        want.iter_mut()
+            .zip(&r)
+            .for_each(|(v, r)| *v = (*v + r).max(0.0));
+        let (plane_in, plane_out) = (p.in_h * p.in_w, p.out_h() * p.out_w());
+        let mut xb = vec![0.0; blocked_len(p.batch, p.in_channels, plane_in).unwrap()];
+        to_blocked(p.batch, p.in_channels, plane_in, &x, &mut xb).unwrap();
+        let mut rb = vec![0.0; blocked_len(p.batch, p.out_channels, plane_out).unwrap()];
+        to_blocked(p.batch, p.out_channels, plane_out, &r, &mut rb).unwrap();
+        let mut ob = vec![f32::NAN; rb.len()];
+        let e = |at: usize, s: &mut [f32]| {
+            for (v, r) in s.iter_mut().zip(&rb[at..]) {
+                *v = (*v + r).max(0.0);
+            }
+        };
+        conv2d_blocked(p, &xb, &w, Some(&b), &mut ob, Some(&e)).unwrap();
+        let cb = p.out_channels.div_ceil(8);
+        for (i, v) in ob.iter().enumerate() {
+            let lane = (i % 8) + ((i / (8 * plane_out)) % cb) * 8;
+            assert!(
+                lane < p.out_channels || *v == 0.0,
+                "{p:?}: padding lane {lane} holds {v}"
+            );
+        }
+        let mut got = vec![0.0; p.output_len()];
+        from_blocked(p.batch, p.out_channels, plane_out, &ob, &mut got).unwrap();
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!((g - e).abs() <= 1e-5, "{p:?} at {i}: {g} vs {e}");
         }
     }
 

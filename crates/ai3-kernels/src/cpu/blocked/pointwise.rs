@@ -1,0 +1,394 @@
+//! 1x1 convolution (stride 1, no padding, one group) in the blocked layout:
+//! a plain GEMM over the channels, no im2col. The register tile is
+//! [`OBT`] output blocks of 8 channels by [`PT`] pixels: per input channel,
+//! [`OBT`] weight vectors and a broadcast of each pixel's value feed
+//! `OBT * PT` FMAs. The vectors run over output channels, so planes of any
+//! size (7x7, 14x14) fill every lane, which an NCHW GEMM vectorised over the
+//! pixels cannot.
+//!
+//! Work is split into tasks of (image, group of output blocks whose weights
+//! stay in L2, run of pixels); within a task, each tile of pixels is used
+//! by every block of the group while it is in L1. The fused epilogue (a
+//! residual, an activation) runs on each finished output strip.
+
+// Elsewhere than x86-64 only the shape and the packing are used.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
+use crate::alloc::{check_len, checked_product, KernelResult};
+use crate::cpu::conv2d::Epilogue;
+
+use super::BLOCK;
+
+/// Output blocks per register tile.
+const OBT: usize = 2;
+/// Pixels per register tile.
+const PT: usize = 6;
+/// Pixels per task, at most: 16 tiles.
+const TASK_PIXELS: usize = 16 * PT;
+/// Bytes of packed weights one task's group of output blocks may take: about
+/// half an L2 cache.
+const GROUP_BYTES: usize = 192 << 10;
+
+/// The shape of a blocked 1x1 convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pointwise {
+    /// Images.
+    pub batch: usize,
+    /// Input channels.
+    pub in_channels: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Pixels per plane (`h * w`, the same in and out).
+    pub plane: usize,
+}
+
+impl Pointwise {
+    fn in_blocks(&self) -> usize {
+        self.in_channels.div_ceil(BLOCK)
+    }
+    fn out_blocks(&self) -> usize {
+        self.out_channels.div_ceil(BLOCK)
+    }
+    /// Elements of the packed weights and bias ([`pack`]).
+    pub fn packed_len(&self) -> KernelResult<usize> {
+        let w = checked_product(
+            "packed 1x1 weights",
+            &[self.out_blocks(), self.in_blocks(), BLOCK, BLOCK],
+        )?;
+        w.checked_add(self.out_blocks() * BLOCK)
+            .ok_or(crate::KernelError::Overflow {
+                what: "packed 1x1 weights",
+            })
+    }
+    /// Multiply-accumulates of one call.
+    pub fn macs(&self) -> usize {
+        [self.batch, self.in_channels, self.out_channels, self.plane]
+            .iter()
+            .fold(1usize, |a, &b| a.saturating_mul(b))
+    }
+}
+
+/// Packs `weight` (`[out_channels, in_channels]`) and `bias` for
+/// [`conv2d`]: `[out_block][in_channel (padded to blocks)][8 output lanes]`,
+/// then the bias padded to whole blocks; the padding is zero.
+pub fn pack<T: crate::Float>(
+    s: &Pointwise,
+    weight: &[T],
+    bias: Option<&[T]>,
+    packed: &mut [T],
+) -> KernelResult<()> {
+    check_len("1x1 weight", weight.len(), s.out_channels * s.in_channels)?;
+    if let Some(b) = bias {
+        check_len("1x1 bias", b.len(), s.out_channels)?;
+    }
+    check_len("packed 1x1 weights", packed.len(), s.packed_len()?)?;
+    let icp = s.in_blocks() * BLOCK;
+    let (w, b) = packed.split_at_mut(s.out_blocks() * icp * BLOCK);
+    w.fill(T::zero());
+    b.fill(T::zero());
+    for o in 0..s.out_channels {
+        let (ob, l) = (o / BLOCK, o % BLOCK);
+        for i in 0..s.in_channels {
+            w[(ob * icp + i) * BLOCK + l] = weight[o * s.in_channels + i];
+        }
+        if let Some(bias) = bias {
+            b[o] = bias[o];
+        }
+    }
+    Ok(())
+}
+
+/// The 1x1 convolution `s` from blocked `input` with weights [`pack`]ed
+/// into `packed`, into blocked `output`, with `epilogue` applied to each
+/// finished strip (offsets in the blocked output). Needs
+/// [`available`](super::available).
+pub fn conv2d(
+    s: &Pointwise,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    epilogue: Option<Epilogue<f32>>,
+) -> KernelResult<()> {
+    check_len(
+        "1x1 input",
+        input.len(),
+        super::blocked_len(s.batch, s.in_channels, s.plane)?,
+    )?;
+    check_len("packed 1x1 weights", packed.len(), s.packed_len()?)?;
+    check_len(
+        "1x1 output",
+        output.len(),
+        super::blocked_len(s.batch, s.out_channels, s.plane)?,
+    )?;
+    if !super::available() {
+        return Err(crate::KernelError::Precondition {
+            what: "the blocked 1x1 convolution needs AVX2 and FMA",
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    run(s, input, packed, output, epilogue);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = epilogue;
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn run(
+    s: &Pointwise,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    epilogue: Option<Epilogue<f32>>,
+) {
+    use rayon::prelude::*;
+
+    use crate::cpu::conv2d::{threads_for_macs, SharedMut};
+
+    let (icb, ocb, plane) = (s.in_blocks(), s.out_blocks(), s.plane);
+    if s.batch == 0 || plane == 0 {
+        return;
+    }
+    let w_stride = icb * BLOCK * BLOCK;
+    // Equal groups of output blocks whose weights fit GROUP_BYTES, and
+    // equal runs of pixels, at least a few tasks per thread when the plane
+    // allows, so that threads finish together.
+    let groups = (ocb * w_stride * 4).div_ceil(GROUP_BYTES).clamp(1, ocb);
+    let group = ocb.div_ceil(groups).next_multiple_of(OBT).min(ocb);
+    let groups = ocb.div_ceil(group);
+    let threads = threads_for_macs(s.macs());
+    let want = (4 * threads).div_ceil(s.batch * groups);
+    let runs = plane
+        .div_ceil(TASK_PIXELS)
+        .max(want)
+        .min(plane.div_ceil(PT))
+        .max(1);
+    let run_len = plane.div_ceil(runs).next_multiple_of(PT);
+    let runs = plane.div_ceil(run_len);
+    let tasks = s.batch * groups * runs;
+    let bias = &packed[ocb * w_stride..];
+    let out = SharedMut(output.as_mut_ptr());
+    let task = |t: usize| {
+        let out = &out;
+        let (n, rest) = (t / (groups * runs), t % (groups * runs));
+        let (g, r) = (rest / runs, rest % runs);
+        let (ob0, ob1) = (g * group, ((g + 1) * group).min(ocb));
+        let (p0, p1) = (r * run_len, ((r + 1) * run_len).min(plane));
+        let x = &input[n * icb * plane * BLOCK..][..icb * plane * BLOCK];
+        let mut p = p0;
+        while p < p1 {
+            let np = PT.min(p1 - p);
+            let mut ob = ob0;
+            while ob < ob1 {
+                let nob = OBT.min(ob1 - ob);
+                // SAFETY: AVX2 and FMA (checked by the caller); the tile reads
+                // pixels p..p + np of every input block of image n, the
+                // weights and bias of blocks ob..ob + nob, and writes those
+                // pixels of those output blocks, which this task alone owns.
+                unsafe {
+                    tile(
+                        nob,
+                        np,
+                        x.as_ptr().add(p * BLOCK),
+                        plane * BLOCK,
+                        icb,
+                        packed.as_ptr().add(ob * w_stride),
+                        w_stride,
+                        bias.as_ptr().add(ob * BLOCK),
+                        out.0.add(((n * ocb + ob) * plane + p) * BLOCK),
+                        plane * BLOCK,
+                    )
+                };
+                ob += nob;
+            }
+            p += np;
+        }
+        if let Some(e) = epilogue {
+            for ob in ob0..ob1 {
+                let at = ((n * ocb + ob) * plane + p0) * BLOCK;
+                // SAFETY: this strip belongs to this task's output.
+                let strip =
+                    unsafe { std::slice::from_raw_parts_mut(out.0.add(at), (p1 - p0) * BLOCK) };
+                e(at, strip);
+            }
+        }
+    };
+    if threads > 1 && tasks > 1 {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// One register tile of `nob <= OBT` output blocks by `np <= PT` pixels.
+///
+/// # Safety
+/// AVX2 and FMA; `x` points at the tile's first pixel in input block 0,
+/// with blocks `x_stride` apart (`icb` of them); `w` at the first output
+/// block's packed weights, blocks `w_stride` apart; `bias` at its bias;
+/// `out` at the tile's first pixel in the first output block, blocks
+/// `out_stride` apart.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile(
+    nob: usize,
+    np: usize,
+    x: *const f32,
+    x_stride: usize,
+    icb: usize,
+    w: *const f32,
+    w_stride: usize,
+    bias: *const f32,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    macro_rules! dispatch {
+        ($($ob:literal, $p:literal);*) => {
+            match (nob, np) {
+                $(($ob, $p) => tile_n::<$ob, $p>(x, x_stride, icb, w, w_stride, bias, out, out_stride),)*
+                _ => unreachable!("tile of {nob} blocks by {np} pixels"),
+            }
+        };
+    }
+    // SAFETY: the caller's contract, for the instance that matches.
+    unsafe { dispatch!(2, 6; 2, 5; 2, 4; 2, 3; 2, 2; 2, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1) }
+}
+
+/// [`tile`] for `OB` blocks by `P` pixels, unrolled.
+///
+/// # Safety
+/// As [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_n<const OB: usize, const P: usize>(
+    x: *const f32,
+    x_stride: usize,
+    icb: usize,
+    w: *const f32,
+    w_stride: usize,
+    bias: *const f32,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY (whole body): reads and writes stay in the ranges the caller
+    // vouches for.
+    unsafe {
+        let mut acc: [[__m256; P]; OB] =
+            std::array::from_fn(|o| [_mm256_loadu_ps(bias.add(o * BLOCK)); P]);
+        for b in 0..icb {
+            let xb = x.add(b * x_stride);
+            let wb = w.add(b * BLOCK * BLOCK);
+            for l in 0..BLOCK {
+                let wv: [__m256; OB] =
+                    std::array::from_fn(|o| _mm256_loadu_ps(wb.add(o * w_stride + l * BLOCK)));
+                for p in 0..P {
+                    let xv = _mm256_broadcast_ss(&*xb.add(p * BLOCK + l));
+                    for o in 0..OB {
+                        acc[o][p] = _mm256_fmadd_ps(wv[o], xv, acc[o][p]);
+                    }
+                }
+            }
+        }
+        for (o, row) in acc.iter().enumerate() {
+            for (p, v) in row.iter().enumerate() {
+                _mm256_storeu_ps(out.add(o * out_stride + p * BLOCK), *v);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::cpu::blocked::{blocked_len, from_blocked, to_blocked};
+    use crate::cpu::test_util::{cast, Rng};
+
+    fn case(s: Pointwise, bias: bool) {
+        let mut rng = Rng::new((s.in_channels * 13 + s.out_channels * 7 + s.plane) as u64);
+        let x = rng.vec(s.batch * s.in_channels * s.plane);
+        let w = rng.vec(s.out_channels * s.in_channels);
+        let b = rng.vec(s.out_channels);
+        let residual = rng.vec(s.batch * s.out_channels * s.plane);
+        // Reference in f64, NCHW, with the residual and a ReLU.
+        let mut want = vec![0.0f64; s.batch * s.out_channels * s.plane];
+        for n in 0..s.batch {
+            for o in 0..s.out_channels {
+                for q in 0..s.plane {
+                    let mut acc = if bias { b[o] } else { 0.0 };
+                    for i in 0..s.in_channels {
+                        acc += w[o * s.in_channels + i] * x[(n * s.in_channels + i) * s.plane + q];
+                    }
+                    let k = (n * s.out_channels + o) * s.plane + q;
+                    want[k] = (acc + residual[k]).max(0.0);
+                }
+            }
+        }
+        let xf: Vec<f32> = cast(&x);
+        let mut xb = vec![0.0; blocked_len(s.batch, s.in_channels, s.plane).unwrap()];
+        to_blocked(s.batch, s.in_channels, s.plane, &xf, &mut xb).unwrap();
+        let rf: Vec<f32> = cast(&residual);
+        let mut rb = vec![0.0; blocked_len(s.batch, s.out_channels, s.plane).unwrap()];
+        to_blocked(s.batch, s.out_channels, s.plane, &rf, &mut rb).unwrap();
+        let mut packed = vec![f32::NAN; s.packed_len().unwrap()];
+        let bf: Vec<f32> = cast(&b);
+        pack(&s, &cast::<f32>(&w), bias.then_some(&bf[..]), &mut packed).unwrap();
+        let mut ob = vec![f32::NAN; rb.len()];
+        let e = |at: usize, strip: &mut [f32]| {
+            for (o, r) in strip.iter_mut().zip(&rb[at..]) {
+                *o = (*o + r).max(0.0);
+            }
+        };
+        conv2d(&s, &xb, &packed, &mut ob, Some(&e)).unwrap();
+        // Padding lanes stay zero-based: finite.
+        assert!(ob.iter().all(|v| v.is_finite()), "{s:?}");
+        let mut got = vec![0.0f32; want.len()];
+        from_blocked(s.batch, s.out_channels, s.plane, &ob, &mut got).unwrap();
+        let tol = 1e-4 * (s.in_channels as f64).sqrt();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+                "{s:?} at {i}: {g} vs {w}"
+            );
+        }
+    }
+
+    /// Partial blocks in and out, an odd number of output blocks, planes
+    /// that leave partial tiles and several tasks, groups of blocks smaller
+    /// than the layer (many input channels).
+    fn grid() {
+        for &(batch, ic, oc, plane) in &[
+            (1, 8, 8, 1),
+            (1, 3, 5, 7),
+            (2, 16, 24, 49),
+            (1, 11, 19, 13),
+            (1, 40, 40, 196),
+            (3, 24, 144, 100),
+            (1, 2000, 24, 9),
+            (1, 32, 16, 1000),
+        ] {
+            for bias in [true, false] {
+                case(
+                    Pointwise {
+                        batch,
+                        in_channels: ic,
+                        out_channels: oc,
+                        plane,
+                    },
+                    bias,
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn matches_the_reference_on_one_thread_and_two() {
+        if !crate::cpu::blocked::available() {
+            return;
+        }
+        grid();
+        crate::cpu::test_util::on_two_threads(grid);
+    }
+}
