@@ -32,7 +32,11 @@ def _stub_signatures() -> dict[str, list[str]]:
             sigs[node.name] = params(node)
         elif isinstance(node, ast.ClassDef) and node.name == "Model":
             for f in node.body:
-                if isinstance(f, ast.FunctionDef):
+                # A property's setter: the property is declared by its getter.
+                setter = isinstance(f, ast.FunctionDef) and any(
+                    isinstance(d, ast.Attribute) and d.attr == "setter" for d in f.decorator_list
+                )
+                if isinstance(f, ast.FunctionDef) and not setter:
                     sigs[f"Model.{f.name}"] = params(f)
     return sigs
 

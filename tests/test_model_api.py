@@ -80,18 +80,22 @@ def test_summary_prints_an_aligned_table_and_keeps_its_rows():
     text = str(summary)
     lines = text.splitlines()
     header = lines[0]
-    for column in ("name", "op", "algorithm", "input shapes", "output shape"):
+    for column in ("name", "op", "algorithm", "layout", "input shapes", "output shape"):
         assert column in header
     assert len(lines) == 1 + len(rows)
     # Every column starts at the same place on every line.
-    starts = [header.index(c) for c in ("op", "algorithm", "input shapes", "output shape")]
+    starts = [
+        header.index(c) for c in ("op", "algorithm", "layout", "input shapes", "output shape")
+    ]
     for line, row in zip(lines[1:], rows, strict=True):
-        assert [line[s - 2 : s] for s in starts] == ["  "] * 4, line
+        assert [line[s - 2 : s] for s in starts] == ["  "] * 5, line
         assert line[starts[1] :].startswith(row["algorithm"])
+        assert line[starts[2] :].startswith(row["layout"])
     cells = _columns(text)[1:]
     assert [c[0] for c in cells] == [r["name"] for r in rows]
-    # The fused activation, the algorithm that runs and the shapes, read from the table.
-    assert cells[0][1:4] == ["conv2d+relu", "direct", str(list(SHAPE))]
+    # The fused activation, the algorithm that runs, the layout and the
+    # shapes, read from the table.
+    assert cells[0][1:5] == ["conv2d+relu", "direct", "NCHW", str(list(SHAPE))]
     assert cells[2][1:3] == ["conv2d+relu", "smm"]
     assert cells[-1][1] == "linear" and cells[-1][2] != "default"
     assert cells[-1][-1] == str(list(net(x).shape))

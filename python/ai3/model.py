@@ -50,6 +50,7 @@ def _build(recipe: dict[str, Any]) -> _core.Model:
     for i, node in enumerate(recipe["nodes"]):
         add_node(core, node, "default" if i in pending else None)
     core.set_outputs(recipe["outputs"])
+    core.blocked_layouts = recipe.get("blocked_layouts", True)
     return core
 
 
@@ -78,15 +79,20 @@ class Summary(Sequence):
     ``rows`` holds the data, one dict per node with ``name``, ``op``,
     ``fused`` (the activation fused into the node, or ``None``),
     ``algorithm`` (the one that runs for these shapes; ``'default'`` is
-    resolved), ``input_shapes``, ``output_shape`` and, from ``profile``,
-    ``ms`` (the node's median time in milliseconds). The summary also behaves
-    as that list: ``len``, iteration and indexing give the row dicts.
+    resolved), ``input_shapes``, ``output_shape``, ``layout`` (the memory
+    layout the node computes in: ``'NCHW'``, or ``'NCHW8c'``, channels in
+    blocks of 8 side by side, which runs of depthwise and 1x1 convolutions
+    keep between them), ``reorders`` (the values reordered from one layout to
+    the other for this node, e.g. ``"'features.0' -> NCHW8c"``) and, from
+    ``profile``, ``ms`` (the node's median time in milliseconds, its reorders
+    included). The summary also behaves as that list: ``len``, iteration and
+    indexing give the row dicts.
 
     Example::
 
         >>> print(model.summary((1, 3, 32, 32)))
-        name     op           algorithm  input shapes     output shape
-        conv1    conv2d+relu  direct     [1, 3, 32, 32]   [1, 16, 32, 32]
+        name     op           algorithm  layout  input shapes     output shape
+        conv1    conv2d+relu  direct     NCHW    [1, 3, 32, 32]   [1, 16, 32, 32]
         ...
     """
 
@@ -117,20 +123,28 @@ class Summary(Sequence):
 
     def __str__(self) -> str:
         timed = self.total_ms is not None
-        header = ["name", "op", "algorithm", "input shapes", "output shape"]
+        reordered = any(r.get("reorders") for r in self.rows)
+        header = ["name", "op", "algorithm", "layout", "input shapes", "output shape"]
         if timed:
             header.append("ms")
+        if reordered:
+            header.append("reorders")
         body = []
         for r in self.rows:
             op = r["op"] + (f"+{r['fused']}" if r.get("fused") else "")
             ins = ", ".join(_shape_text(s) for s in r["input_shapes"])
-            cells = [r["name"], op, r["algorithm"], ins, _shape_text(r["output_shape"])]
+            layout = r.get("layout", "NCHW")
+            cells = [r["name"], op, r["algorithm"], layout, ins, _shape_text(r["output_shape"])]
             if timed:
                 cells.append(f"{r['ms']:.3f}")
+            if reordered:
+                cells.append("; ".join(r.get("reorders", [])))
             body.append(cells)
         if timed:
-            body.append(["total", "", "", "", "", f"{self.total_ms:.3f}"])
-        return _table(header, body, right={5})
+            body.append(["total", "", "", "", "", "", f"{self.total_ms:.3f}"])
+            if reordered:
+                body[-1].append("")
+        return _table(header, body, right={6} if timed else set())
 
     __repr__ = __str__
 
@@ -167,6 +181,21 @@ class Model:
     def dtype(self) -> torch.dtype:
         """The dtype the model computes in; inputs must have it."""
         return getattr(torch, self._core.dtype)
+
+    @property
+    def blocked_layouts(self) -> bool:
+        """Whether runs of depthwise and 1x1 convolutions (with their
+        activations, adds and global pooling) keep their values in the
+        channel-blocked layout NCHW8c between them, reordering only at the
+        run's edges, where that pays (the default, ``True``; float32 on a CPU
+        with AVX2). ``False`` keeps every value NCHW. :meth:`summary` shows
+        each node's layout and each reorder."""
+        return self._core.blocked_layouts
+
+    @blocked_layouts.setter
+    def blocked_layouts(self, on: bool) -> None:
+        self._recipe["blocked_layouts"] = bool(on)
+        self._core.blocked_layouts = bool(on)
 
     def _prepare(self, inputs: Sequence[Any], stacklevel: int) -> tuple[list[Any], list[Any]]:
         """Checks the inputs and detaches them; returns them with their shapes.

@@ -16,10 +16,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Result};
+use crate::layout::{self, Blocked, Layout, PlanNode, Route, Step};
 use crate::ops::{build_node, Attrs, Operation};
 use crate::plan::{place, Interval};
 use crate::registry::{self, Candidate, DeviceKind, OpKind};
 use crate::tensor::{checked_bytes, contiguous_strides, shape_str, Tensor, ALIGNMENT};
+use ai3_kernels::cpu::blocked;
 
 /// Index of a value (a graph input, a constant or a node's output).
 pub type ValueId = usize;
@@ -48,7 +50,8 @@ enum Source {
 /// Memory layout of one run for one set of input shapes.
 #[derive(Debug)]
 struct Plan {
-    shapes: Vec<Vec<usize>>,
+    /// The steps, each value's shape and layout, what each node reads.
+    route: Route,
     /// Arena byte offset of each intermediate value (`None` for inputs, constants, outputs).
     offsets: Vec<Option<usize>>,
     arena_bytes: usize,
@@ -114,6 +117,8 @@ pub struct Graph {
     constants: Vec<Tensor>,
     sources: Vec<Source>,
     outputs: Vec<ValueId>,
+    /// Whether plans may keep values in the channel-blocked layout.
+    blocked_layouts: bool,
     runtime: Mutex<Runtime>,
 }
 
@@ -134,6 +139,11 @@ pub struct NodeReport {
     pub fused: Option<String>,
     /// Scratch bytes the algorithm needs beyond input, output and prepared weights.
     pub workspace_bytes: usize,
+    /// The layout the node computes in (its output's).
+    pub layout: Layout,
+    /// The reorders made for this node before it runs (`'<producer>' ->
+    /// NCHW8c`), or, for a graph output it produces, after the last node.
+    pub reorders: Vec<String>,
 }
 
 impl Graph {
@@ -146,8 +156,52 @@ impl Graph {
             constants: Vec::new(),
             sources: (0..num_inputs).map(Source::Input).collect(),
             outputs: Vec::new(),
+            blocked_layouts: true,
             runtime: Mutex::new(Runtime::default()),
         }
+    }
+
+    /// Whether plans may keep values in the channel-blocked layout.
+    pub fn blocked_layouts(&self) -> bool {
+        self.blocked_layouts
+    }
+
+    /// Lets plans keep runs of operations in the channel-blocked layout
+    /// where it pays (the default), or keeps every value NCHW.
+    pub fn set_blocked_layouts(&mut self, on: bool) {
+        self.blocked_layouts = on;
+        self.invalidate();
+    }
+
+    /// The steps of a run for these shapes of every value: which nodes run
+    /// blocked and where values are reordered (see [`crate::layout`]).
+    fn route(&self, shapes: Vec<Vec<usize>>) -> Route {
+        let nodes: Vec<PlanNode<'_>> = self
+            .nodes
+            .iter()
+            .map(|n| PlanNode {
+                op: n.op.as_ref(),
+                inputs: &n.inputs,
+                output: n.output,
+            })
+            .collect();
+        let produced_by: Vec<Option<usize>> = self
+            .sources
+            .iter()
+            .map(|s| match *s {
+                Source::Node(n) => Some(n),
+                _ => None,
+            })
+            .collect();
+        let layouts = layout::plan(
+            self.dtype,
+            self.blocked_layouts,
+            &nodes,
+            &shapes,
+            &produced_by,
+            &self.outputs,
+        );
+        layout::route(&layouts, &nodes, shapes, &produced_by, &self.outputs)
     }
 
     /// The dtype every value has.
@@ -343,9 +397,23 @@ impl Graph {
     /// Propagates input shapes through the graph: one report per node.
     pub fn summary(&self, input_shapes: &[Vec<usize>]) -> Result<Vec<NodeReport>> {
         let shapes = self.infer_shapes(input_shapes)?;
+        let route = self.route(shapes.clone());
+        let mut reorders = vec![Vec::new(); self.nodes.len()];
+        for step in &route.steps {
+            if let Step::Reorder { src, to, owner, .. } = *step {
+                let what = match self.sources.get(src) {
+                    Some(Source::Input(i)) => format!("input {i}"),
+                    Some(Source::Constant(c)) => format!("constant {c}"),
+                    Some(Source::Node(n)) => format!("'{}'", self.nodes[*n].name),
+                    None => format!("value {src}"),
+                };
+                reorders[owner].push(format!("{what} -> {}", to.name()));
+            }
+        }
         self.nodes
             .iter()
-            .map(|node| {
+            .zip(reorders)
+            .map(|(node, reorders)| {
                 let (refs, candidates) = self.node_candidates(node, &shapes)?;
                 let algorithm = node
                     .op
@@ -363,6 +431,8 @@ impl Graph {
                     output_shape: shapes[node.output].clone(),
                     fused: fused_name(node.op.as_ref()),
                     workspace_bytes,
+                    layout: route.layouts[node.output],
+                    reorders,
                 })
             })
             .collect()
@@ -406,26 +476,39 @@ impl Graph {
     }
 
     fn make_plan(&self, input_shapes: &[Vec<usize>]) -> Result<Plan> {
-        let shapes = self.infer_shapes(input_shapes)?;
-        let mut last_use: Vec<Option<usize>> = vec![None; self.num_values()];
-        for (i, node) in self.nodes.iter().enumerate() {
-            for &v in &node.inputs {
-                last_use[v] = Some(i);
+        let route = self.route(self.infer_shapes(input_shapes)?);
+        let total = route.shapes.len();
+        // What each step writes and reads.
+        let step_io = |step: &Step| -> (ValueId, Vec<ValueId>) {
+            match *step {
+                Step::Node(i) => (self.nodes[i].output, route.inputs[i].clone()),
+                Step::Reorder { src, dst, .. } => (dst, vec![src]),
+            }
+        };
+        let mut last_use: Vec<Option<usize>> = vec![None; total];
+        for (s, step) in route.steps.iter().enumerate() {
+            for v in step_io(step).1 {
+                last_use[v] = Some(s);
             }
         }
         let mut intermediates = Vec::new();
         let mut intervals = Vec::new();
         // Aligned bytes of every intermediate together: when that fits, no
         // offset the planner computes can overflow.
-        let mut total = 0usize;
-        for (i, node) in self.nodes.iter().enumerate() {
-            let v = node.output;
-            // Checked by `infer_shapes`.
-            let bytes = checked_bytes(node.op.kind().name(), self.dtype, &shapes[v])?;
-            if self.outputs.contains(&v) {
+        let mut total_bytes = 0usize;
+        for (s, step) in route.steps.iter().enumerate() {
+            let (v, _) = step_io(step);
+            let op = match *step {
+                Step::Node(i) => self.nodes[i].op.kind().name(),
+                Step::Reorder { .. } => "reorder",
+            };
+            // Logical sizes were checked by `infer_shapes`; a blocked one
+            // rounds the channels up to whole blocks.
+            let bytes = checked_bytes(op, self.dtype, &route.physical(v))?;
+            if route.outputs.contains(&v) {
                 continue;
             }
-            total = total
+            total_bytes = total_bytes
                 .checked_add(bytes.div_ceil(ALIGNMENT) * ALIGNMENT)
                 .ok_or_else(|| {
                     Error::shape(
@@ -439,17 +522,17 @@ impl Graph {
             intermediates.push(v);
             intervals.push(Interval {
                 bytes,
-                first: i,
-                last: last_use[v].unwrap_or(i),
+                first: s,
+                last: last_use[v].unwrap_or(s),
             });
         }
         let intermediate_bytes = intervals.iter().map(|iv| iv.bytes).sum();
         // Values placed inside a concatenation's output: they share its
         // interval, stretched over their own lifetimes, and get no place of
         // their own.
-        let homes = self.in_place_homes(&shapes, &intermediates);
+        let homes = self.in_place_homes(&route, &intermediates);
         let mut own = Vec::with_capacity(intermediates.len());
-        let mut slot = vec![None; self.num_values()];
+        let mut slot = vec![None; total];
         for (&v, iv) in intermediates.iter().zip(&intervals) {
             if homes[v].is_none() {
                 slot[v] = Some(own.len());
@@ -464,7 +547,7 @@ impl Graph {
             }
         }
         let placement = place(&own);
-        let mut offsets = vec![None; self.num_values()];
+        let mut offsets = vec![None; total];
         for &v in &intermediates {
             offsets[v] = Some(match homes[v] {
                 Some((root, at)) => placement.offsets[slot[root].expect("checked above")] + at,
@@ -476,13 +559,17 @@ impl Graph {
             .nodes
             .iter()
             .map(|n| {
-                let ins: Vec<&[usize]> = n.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
+                let ins: Vec<&[usize]> = n
+                    .inputs
+                    .iter()
+                    .map(|&v| route.shapes[v].as_slice())
+                    .collect();
                 n.op.work(&ins)
             })
             .fold(0, usize::saturating_add);
         Ok(Plan {
             parallel: work >= PARALLEL_WORK,
-            shapes,
+            route,
             offsets,
             arena_bytes: placement.arena_bytes,
             intermediate_bytes,
@@ -500,34 +587,35 @@ impl Graph {
     /// (inputs, constants, outputs). A concatenation whose inputs all already
     /// sit end to end (DenseNet's: each layer's input is the previous one's
     /// plus one more feature map) is placed over them and copies nothing.
-    /// Places stay [`ALIGNMENT`]-aligned.
+    /// Places stay [`ALIGNMENT`]-aligned. Concatenations run NCHW, so what
+    /// they read (reorders' copies included) is NCHW too.
     fn in_place_homes(
         &self,
-        shapes: &[Vec<usize>],
+        route: &Route,
         intermediates: &[usize],
     ) -> Vec<Option<(usize, usize)>> {
-        let mut homes: Vec<Option<(usize, usize)>> = vec![None; self.num_values()];
-        let mut is_intermediate = vec![false; self.num_values()];
+        let total = route.shapes.len();
+        let mut homes: Vec<Option<(usize, usize)>> = vec![None; total];
+        let mut is_intermediate = vec![false; total];
         for &v in intermediates {
             is_intermediate[v] = true;
         }
         let size = self.dtype.size();
-        for node in self.nodes.iter().rev() {
+        for (node, inputs) in self.nodes.iter().zip(&route.inputs).rev() {
             let c = node.output;
-            if !is_intermediate[c] {
+            if !is_intermediate[c] || route.layouts[c] != Layout::Nchw {
                 continue;
             }
-            let refs: Vec<&[usize]> = node.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
+            let refs: Vec<&[usize]> = inputs.iter().map(|&v| route.shapes[v].as_slice()).collect();
             let Some(starts) = node.op.in_place_parts(&refs) else {
                 continue;
             };
             let at = |i: usize| starts[i] * size;
             if homes[c].is_none() {
                 // Over inputs already end to end (a prefix of a later output).
-                let first = node.inputs.first().and_then(|&v| homes[v]);
+                let first = inputs.first().and_then(|&v| homes[v]);
                 if let Some((root, base)) = first {
-                    let end_to_end = node
-                        .inputs
+                    let end_to_end = inputs
                         .iter()
                         .enumerate()
                         .all(|(i, &v)| homes[v] == Some((root, base + at(i))));
@@ -538,7 +626,7 @@ impl Graph {
                 }
             }
             let (root, base) = homes[c].unwrap_or((c, 0));
-            for (i, &v) in node.inputs.iter().enumerate() {
+            for (i, &v) in inputs.iter().enumerate() {
                 let place = base + at(i);
                 if is_intermediate[v] && homes[v].is_none() && v != root && place % ALIGNMENT == 0 {
                     homes[v] = Some((root, place));
@@ -616,14 +704,14 @@ impl Graph {
                 .nodes
                 .iter()
                 .filter(|n| plan.offsets[n.output].is_some())
-                .max_by_key(|n| plan.shapes[n.output].iter().product::<usize>());
+                .max_by_key(|n| plan.route.shapes[n.output].iter().product::<usize>());
             let ins: Vec<String> = input_shapes.iter().map(|s| shape_str(s)).collect();
             let (op, what) = match largest {
                 Some(n) => (
                     n.op.kind().name(),
                     format!(
                         "the arena of intermediate values (the largest: the output of shape {} of node '{}')",
-                        shape_str(&plan.shapes[n.output]),
+                        shape_str(&plan.route.shapes[n.output]),
                         n.name
                     ),
                 ),
@@ -676,7 +764,7 @@ impl Graph {
         let out = self.with_arena(&inputs, |plan, arena| {
             let mut out = self.execute(plan, &inputs, arena, None)?;
             for _ in 0..repeat.max(1) {
-                let mut times = Vec::with_capacity(self.nodes.len());
+                let mut times = vec![0.0; self.nodes.len()];
                 out = self.execute(plan, &inputs, arena, Some(&mut times))?;
                 for (s, t) in samples.iter_mut().zip(times) {
                     s.push(t);
@@ -719,13 +807,14 @@ impl Graph {
         result
     }
 
-    /// Runs every node once; with `times`, records each node's wall time in seconds.
+    /// Runs every step once; with `times` (one per node), adds each node's
+    /// wall time in seconds, the reorders made for it included.
     fn execute(
         &self,
         plan: &Plan,
         inputs: &[Tensor],
         arena: &mut Tensor,
-        mut times: Option<&mut Vec<f64>>,
+        mut times: Option<&mut [f64]>,
     ) -> Result<Vec<Tensor>> {
         // Kernels need row-major data: only non-contiguous inputs are copied.
         let copies: Vec<Option<Tensor>> = inputs
@@ -741,33 +830,39 @@ impl Graph {
                     })
             })
             .collect::<Result<_>>()?;
+        let route = &plan.route;
         let base = arena.data_ptr_mut();
-        let mut values: Vec<Option<Tensor>> = (0..self.num_values()).map(|_| None).collect();
-        for node in &self.nodes {
-            let v = node.output;
-            let shape = &plan.shapes[v];
+        let mut values: Vec<Option<Tensor>> = (0..route.shapes.len()).map(|_| None).collect();
+        for step in &route.steps {
+            let (v, owner) = match *step {
+                Step::Node(i) => (self.nodes[i].output, i),
+                Step::Reorder { dst, owner, .. } => (dst, owner),
+            };
+            let node = &self.nodes[owner];
+            let shape = route.physical(v);
             let mut out = match plan.offsets[v] {
                 // SAFETY: the planner gives values alive at the same time disjoint
                 // ranges inside the arena, which outlives this call.
                 Some(offset) => unsafe {
+                    let strides = contiguous_strides(&shape);
                     Tensor::from_raw_parts(
                         base.add(offset),
                         self.dtype,
-                        shape.clone(),
-                        contiguous_strides(shape),
+                        shape,
+                        strides,
                         Device::Cpu,
                         Box::new(()),
                     )?
                 },
                 // Every kernel writes its output whole (the arena, reused
                 // from call to call, relies on it too): no zeroing.
-                None => Tensor::unfilled(self.dtype, shape).map_err(|e| {
-                    let ins = self.input_shapes_str(node, &plan.shapes);
+                None => Tensor::unfilled(self.dtype, &shape).map_err(|e| {
+                    let ins = self.input_shapes_str(node, &route.shapes);
                     let e = match e {
                         Error::OutOfMemory { .. } => Error::out_of_memory(
                             node.op.kind().name(),
-                            &format!("the output of shape {}", shape_str(shape)),
-                            checked_bytes("model", self.dtype, shape).unwrap_or(usize::MAX),
+                            &format!("the output of shape {}", shape_str(&shape)),
+                            checked_bytes("model", self.dtype, &shape).unwrap_or(usize::MAX),
                             &ins,
                         ),
                         other => other.with_op(node.op.kind().name()),
@@ -775,37 +870,52 @@ impl Graph {
                     with_node(e, &node.name)
                 })?,
             };
-            {
-                let refs: Vec<&Tensor> = node
-                    .inputs
-                    .iter()
-                    .map(|&u| self.value(u, &values, inputs, &copies))
-                    .collect::<Result<_>>()?;
-                let start = times.is_some().then(std::time::Instant::now);
-                // An empty output (a batch of 0) has nothing to compute; its
-                // shape was already checked when the plan was made.
-                if out.numel() > 0 {
-                    node.op
-                        .forward(&refs, &mut out)
-                        .map_err(|e| with_node(e, &node.name))?;
+            let start = times.is_some().then(std::time::Instant::now);
+            // An empty output (a batch of 0) has nothing to compute; its
+            // shape was already checked when the plan was made.
+            if out.numel() > 0 {
+                match *step {
+                    Step::Node(i) => {
+                        let reads = &route.inputs[i];
+                        let refs: Vec<&Tensor> = reads
+                            .iter()
+                            .map(|&u| self.value(u, &values, inputs, &copies))
+                            .collect::<Result<_>>()?;
+                        // Elementwise operations run their usual kernel
+                        // over the blocked buffers.
+                        let done = if let Blocked::Kernel { .. } = route.blocked[i] {
+                            let shapes: Vec<&[usize]> =
+                                reads.iter().map(|&u| route.shapes[u].as_slice()).collect();
+                            node.op.forward_blocked(&refs, &shapes, &mut out)
+                        } else {
+                            node.op.forward(&refs, &mut out)
+                        };
+                        done.map_err(|e| with_node(e, &node.name))?;
+                    }
+                    Step::Reorder { src, to, .. } => {
+                        let x = self.value(src, &values, inputs, &copies)?;
+                        reorder(x, &route.shapes[src], to, &mut out)
+                            .map_err(|e| with_node(e, &node.name))?;
+                    }
                 }
-                if let (Some(times), Some(start)) = (times.as_deref_mut(), start) {
-                    times.push(start.elapsed().as_secs_f64());
-                }
+            }
+            if let (Some(times), Some(start)) = (times.as_deref_mut(), start) {
+                times[owner] += start.elapsed().as_secs_f64();
             }
             values[v] = Some(out);
         }
-        let mut result = Vec::with_capacity(self.outputs.len());
-        for (k, &v) in self.outputs.iter().enumerate() {
-            let reused_later = self.outputs[k + 1..].contains(&v);
-            let t = match self.sources[v] {
-                Source::Node(_) if !reused_later => values[v]
+        let mut result = Vec::with_capacity(route.outputs.len());
+        for (k, &v) in route.outputs.iter().enumerate() {
+            let reused_later = route.outputs[k + 1..].contains(&v);
+            let computed = v >= self.num_values() || matches!(self.sources[v], Source::Node(_));
+            let t = if computed && !reused_later {
+                values[v]
                     .take()
-                    .ok_or_else(|| Error::internal("graph", "output vanished"))?,
-                _ => self
-                    .value(v, &values, inputs, &copies)?
+                    .ok_or_else(|| Error::internal("graph", "output vanished"))?
+            } else {
+                self.value(v, &values, inputs, &copies)?
                     .to_contiguous()
-                    .map_err(|e| e.with_op("model"))?,
+                    .map_err(|e| e.with_op("model"))?
             };
             result.push(t);
         }
@@ -819,10 +929,11 @@ impl Graph {
         inputs: &'a [Tensor],
         copies: &'a [Option<Tensor>],
     ) -> Result<&'a Tensor> {
-        match self.sources[v] {
-            Source::Input(i) => Ok(copies[i].as_ref().unwrap_or(&inputs[i])),
-            Source::Constant(c) => Ok(&self.constants[c]),
-            Source::Node(_) => values[v]
+        match self.sources.get(v) {
+            Some(&Source::Input(i)) => Ok(copies[i].as_ref().unwrap_or(&inputs[i])),
+            Some(&Source::Constant(c)) => Ok(&self.constants[c]),
+            // A node's output or a reorder's copy.
+            _ => values[v]
                 .as_ref()
                 .ok_or_else(|| Error::internal("graph", format!("value {v} read before written"))),
         }
@@ -845,6 +956,34 @@ impl Graph {
         }
         Ok(s)
     }
+}
+
+/// Writes `x` (of logical shape `shape`, `[n, c, h, w]`) into `out` in
+/// layout `to`, from the other one.
+fn reorder(x: &Tensor, shape: &[usize], to: Layout, out: &mut Tensor) -> Result<()> {
+    let &[n, c, h, w] = shape else {
+        return Err(Error::internal(
+            "reorder",
+            format!(
+                "a value of shape {} has no blocked layout",
+                shape_str(shape)
+            ),
+        ));
+    };
+    crate::ops::with_dtype!(x.dtype(), T, {
+        let (src, dst) = (x.as_slice::<T>()?, out.as_mut_slice::<T>()?);
+        let done = match to {
+            Layout::Blocked => blocked::to_blocked(n, c, h * w, src, dst),
+            Layout::Nchw => blocked::from_blocked(n, c, h * w, src, dst),
+        };
+        done.map_err(|e| {
+            Error::from_kernel(
+                "reorder",
+                &format!("value of shape {}", shape_str(shape)),
+                e,
+            )
+        })
+    })
 }
 
 /// Adds the node an error came from to its message.

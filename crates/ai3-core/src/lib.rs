@@ -5,6 +5,7 @@
 pub mod dtype;
 pub mod error;
 pub mod graph;
+pub mod layout;
 pub mod ops;
 pub mod plan;
 pub mod registry;
@@ -15,5 +16,6 @@ pub use ai3_kernels::{isa, params};
 pub use dtype::{DType, Device, Element};
 pub use error::{Error, Result};
 pub use graph::{Graph, MemoryPlan, NodeReport, ValueId};
+pub use layout::Layout;
 pub use registry::{Algorithm, Candidate, OpKind, Request};
 pub use tensor::Tensor;

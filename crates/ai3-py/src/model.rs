@@ -54,6 +54,18 @@ impl Model {
         self.graph.dtype().name()
     }
 
+    /// Whether runs of operations may keep the channel-blocked layout
+    /// (NCHW8c) where it pays; `False` keeps every value NCHW.
+    #[getter]
+    fn blocked_layouts(&self) -> bool {
+        self.graph.blocked_layouts()
+    }
+
+    #[setter]
+    fn set_blocked_layouts(&mut self, on: bool) {
+        self.graph.set_blocked_layouts(on);
+    }
+
     /// Adds node `op` (`"conv2d"`, `"relu"`, ... see `ai3._core.operations()`)
     /// named `name`, reading the values `inputs`, with its parameters by name
     /// in `params` and the algorithm `algorithm`; returns its value id.
@@ -173,7 +185,8 @@ impl Model {
         Ok((outputs, times))
     }
 
-    /// One dict per node (name, op, algorithm, input_shapes, output_shape) for these input shapes.
+    /// One dict per node (name, op, algorithm, input_shapes, output_shape,
+    /// fused, workspace_bytes, layout, reorders) for these input shapes.
     fn summary<'py>(
         &self,
         py: Python<'py>,
@@ -191,6 +204,8 @@ impl Model {
                 d.set_item("output_shape", r.output_shape)?;
                 d.set_item("fused", r.fused)?;
                 d.set_item("workspace_bytes", r.workspace_bytes)?;
+                d.set_item("layout", r.layout.name())?;
+                d.set_item("reorders", r.reorders)?;
                 Ok(d)
             })
             .collect()

@@ -8,6 +8,7 @@ use ai3_kernels::Float;
 use super::attrs::{optional, Args, Arity, Attrs, OpSpec, ParamKind as K};
 use super::{custom_result, kernel_result, simple_algorithm, single, with_dtype, Operation};
 use crate::error::{Error, Result};
+use crate::layout::Blocked;
 use crate::registry::{Algorithm, OpKind, Request};
 use crate::tensor::Tensor;
 
@@ -255,6 +256,14 @@ impl Operation for Activation {
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         let x = single(self.kind(), inputs)?;
         Ok(x.to_vec())
+    }
+    fn blocked(&self, _inputs: &[&[usize]]) -> Blocked {
+        // Every kind maps finite values to finite ones, channel by channel
+        // alike; the user's C++ sees the shape, so it stays NCHW.
+        match self.algorithm {
+            Algorithm::Custom => Blocked::No,
+            _ => Blocked::Elementwise,
+        }
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(self.kind(), inputs)?;

@@ -1,13 +1,14 @@
 //! Binary elementwise arithmetic with broadcasting: add, sub, mul, div.
 
 use super::attrs::{optional, Args, Arity, OpSpec, ParamKind as K};
-use ai3_kernels::cpu::binary;
+use ai3_kernels::cpu::{binary, blocked};
 use ai3_kernels::params::broadcast_shape;
 
 use super::activation::with_scalar_fn;
 use super::{elements, elements_mut, kernel_result, with_dtype, ActivationKind, Operation};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::Blocked;
 use crate::registry::{Algorithm, OpKind};
 use crate::tensor::{shape_str, Tensor};
 
@@ -158,6 +159,22 @@ fn run_then<T: Element, G: Fn(T) -> T + Sync + Copy>(
     })
 }
 
+/// For a per-channel broadcast (one input `[n or 1, c, 1, 1]`, the other
+/// the whole output `[n, c, h, w]` with more than one pixel), whether the
+/// per-channel input is the first; `None` for any other pair of shapes.
+fn per_channel_operand(a: &[usize], b: &[usize], out: &[usize]) -> Option<bool> {
+    let channel =
+        |s: &[usize]| s.len() == 4 && s[2] == 1 && s[3] == 1 && (s[0] == 1 || s[0] == out[0]);
+    let plane = out
+        .get(2..)
+        .is_some_and(|p| p.iter().product::<usize>() > 1);
+    match (a == out, b == out) {
+        (true, false) if plane && channel(b) => Some(false),
+        (false, true) if plane && channel(a) => Some(true),
+        _ => None,
+    }
+}
+
 impl Operation for Binary {
     fn kind(&self) -> OpKind {
         self.kind.op_kind()
@@ -184,6 +201,101 @@ impl Operation for Binary {
             _ => Err(self.arity_error(inputs.len())),
         }
     }
+    fn blocked(&self, inputs: &[&[usize]]) -> Blocked {
+        // A division could turn the padding lanes' zeros into NaN; the
+        // others keep them finite. Every tensor input needs the output's
+        // channels, so that its blocks line up with the output's.
+        if self.kind == BinaryKind::Div {
+            return Blocked::No;
+        }
+        let Ok(out) = self.output_shape(inputs) else {
+            return Blocked::No;
+        };
+        let aligned = inputs.iter().all(|s| s.len() == 4 && s[1] == out[1]);
+        if out.len() != 4 || !aligned {
+            return Blocked::No;
+        }
+        match inputs {
+            [a, b] if a != b => match per_channel_operand(a, b, &out) {
+                Some(_) => Blocked::Kernel { gain: 0 },
+                None => Blocked::No,
+            },
+            _ => Blocked::Elementwise,
+        }
+    }
+
+    fn forward_blocked(
+        &self,
+        inputs: &[&Tensor],
+        shapes: &[&[usize]],
+        output: &mut Tensor,
+    ) -> Result<()> {
+        let op = self.kind.op_kind();
+        let (&[x, y], &[a, b]) = (inputs, shapes) else {
+            return Err(self.arity_error(inputs.len()));
+        };
+        let [n, c, h, w] = *a
+            .iter()
+            .zip(b.iter())
+            .map(|(p, q)| *p.max(q))
+            .collect::<Vec<_>>()
+        else {
+            return Err(Error::internal(op.name(), "a blocked input is not 4-D"));
+        };
+        let Some(first) = per_channel_operand(a, b, &[n, c, h, w]) else {
+            return Err(Error::internal(
+                op.name(),
+                format!(
+                    "no channel-blocked kernel for shapes {} and {}",
+                    shape_str(a),
+                    shape_str(b)
+                ),
+            ));
+        };
+        // `big` is the full image, `small` the per-channel values.
+        let (big, small, s_batch) = if first { (y, x, a[0]) } else { (x, y, b[0]) };
+        let activation = self.activation;
+        let post = |block: &mut [f32]| {
+            if let Some(act) = activation {
+                act.apply_serial(block)
+            }
+        };
+        let (src, s, out) = (
+            big.as_slice::<f32>()?,
+            small.as_slice::<f32>()?,
+            output.as_mut_slice::<f32>()?,
+        );
+        let plane = h * w;
+        // `f(image value, channel value)`, the operands in their order.
+        let done = match (self.kind, first) {
+            (BinaryKind::Add, _) => {
+                blocked::per_channel(n, c, plane, src, s, s_batch, out, |p, q| p + q, post)
+            }
+            (BinaryKind::Mul, _) => {
+                blocked::per_channel(n, c, plane, src, s, s_batch, out, |p, q| p * q, post)
+            }
+            (BinaryKind::Sub, false) => {
+                blocked::per_channel(n, c, plane, src, s, s_batch, out, |p, q| p - q, post)
+            }
+            (BinaryKind::Sub, true) => {
+                blocked::per_channel(n, c, plane, src, s, s_batch, out, |p, q| q - p, post)
+            }
+            (BinaryKind::Div, _) => {
+                return Err(Error::internal(
+                    op.name(),
+                    "division has no channel-blocked kernel",
+                ))
+            }
+        };
+        kernel_result(op, done, || {
+            format!(
+                "input shapes {}, {}, channel-blocked layout",
+                shape_str(a),
+                shape_str(b)
+            )
+        })
+    }
+
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         with_dtype!(output.dtype(), T, self.run::<T>(inputs, output))
     }

@@ -5,7 +5,8 @@ use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use std::sync::OnceLock;
 
 use ai3_kernels::alloc::checked_sum;
-use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, smm, tiled, winograd};
+use ai3_kernels::cpu::blocked::pointwise::{self, Pointwise};
+use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, smm, tiled, winograd, Epilogue};
 use ai3_kernels::cpu::pad::pad2d;
 pub use ai3_kernels::cpu::pad::PadMode;
 use ai3_kernels::custom;
@@ -17,6 +18,7 @@ use super::{
     kernel_result, with_dtype, ActivationKind, Operation,
 };
 use crate::error::{Error, Result};
+use crate::layout::Blocked;
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
 
@@ -37,6 +39,8 @@ pub struct Conv2d {
     winograd_filter: OnceLock<Tensor>,
     /// Weights and bias packed for direct convolution, once on first use.
     direct_packed: OnceLock<Tensor>,
+    /// Weights and bias packed for the blocked 1x1 kernel, once on first use.
+    pointwise_packed: OnceLock<Tensor>,
     /// Activation fused into the output, applied in place after the kernel
     /// (and after the residual).
     activation: Option<ActivationKind>,
@@ -117,6 +121,7 @@ impl Conv2d {
             request,
             winograd_filter: OnceLock::new(),
             direct_packed: OnceLock::new(),
+            pointwise_packed: OnceLock::new(),
             activation: None,
             residual: false,
         };
@@ -435,6 +440,54 @@ impl Conv2d {
     }
 }
 
+/// The blocked 1x1 kernel's shape when it computes `p`: a 1x1 convolution
+/// with stride 1, no padding and one group.
+fn pointwise_shape(p: &Conv2dParams) -> Option<Pointwise> {
+    let one = p.kernel_h == 1 && p.kernel_w == 1 && p.stride == (1, 1) && p.groups == 1;
+    (one && p.padding == Padding2d::default()).then_some(Pointwise {
+        batch: p.batch,
+        in_channels: p.in_channels,
+        out_channels: p.out_channels,
+        plane: p.in_h * p.in_w,
+    })
+}
+
+/// Planes up to which the blocked 1x1 kernel beats the NCHW GEMM, whose
+/// vectors run over a plane's pixels (49 of 56 lanes useful at 7x7).
+const POINTWISE_GAIN_PLANE: usize = 196;
+
+impl Conv2d {
+    /// The blocked kernel that computes `p` for this layer, if any: the
+    /// depthwise path of `'direct'`, or the 1x1 GEMM of `'gemm'`, with the
+    /// elements it saves against the NCHW kernel (see [`crate::layout`]).
+    fn blocked_kernel(&self, p: &Conv2dParams) -> Option<(Algorithm, usize)> {
+        if self.padding_mode != PadMode::Zeros || self.weight.dtype() != crate::DType::F32 {
+            return None;
+        }
+        let (numel_in, numel_out) = (p.input_len(), p.output_len());
+        match self.algorithm(p).ok()? {
+            // The transposes into and out of its channel blocks.
+            Algorithm::Direct if depthwise::applies_blocked(p) => {
+                Some((Algorithm::Direct, numel_in.saturating_add(numel_out)))
+            }
+            Algorithm::Gemm
+                if pointwise_shape(p).is_some() && ai3_kernels::cpu::blocked::available() =>
+            {
+                let plane = p.in_h * p.in_w;
+                Some((
+                    Algorithm::Gemm,
+                    if plane <= POINTWISE_GAIN_PLANE {
+                        numel_out
+                    } else {
+                        0
+                    },
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Weights an algorithm prepares once, on first use, and keeps in `cell`:
 /// `len` elements written by `fill`. They depend only on the weight's
 /// geometry, so every input size shares them.
@@ -502,6 +555,67 @@ impl Operation for Conv2d {
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         let (x, residual) = self.split(inputs)?;
         self.checked_output_shape(x, residual)
+    }
+
+    fn blocked(&self, inputs: &[&[usize]]) -> Blocked {
+        let Ok((x, _)) = self.split(inputs) else {
+            return Blocked::No;
+        };
+        match self.params_for(x) {
+            Ok((p, true)) => self
+                .blocked_kernel(&p)
+                .map_or(Blocked::No, |(_, gain)| Blocked::Kernel { gain }),
+            _ => Blocked::No,
+        }
+    }
+
+    fn forward_blocked(
+        &self,
+        inputs: &[&Tensor],
+        shapes: &[&[usize]],
+        output: &mut Tensor,
+    ) -> Result<()> {
+        let (x, residual) = self.split(inputs)?;
+        let (shape, _) = self.split(shapes)?;
+        let (p, _) = self.params_for(shape)?;
+        let context = || format!("{}, channel-blocked layout", self.context(shape));
+        let w = self.weight.as_slice::<f32>()?;
+        let b = match &self.bias {
+            Some(b) => Some(b.as_slice::<f32>()?),
+            None => None,
+        };
+        let r = match residual {
+            Some(r) => Some(r.as_slice::<f32>()?),
+            None => None,
+        };
+        let activation = self.activation;
+        let epilogue = |at: usize, s: &mut [f32]| {
+            if let Some(r) = r {
+                s.iter_mut().zip(&r[at..]).for_each(|(o, &r)| *o += r);
+            }
+            if let Some(a) = activation {
+                a.apply_serial(s)
+            }
+        };
+        let e = (r.is_some() || activation.is_some()).then_some(&epilogue as Epilogue<f32>);
+        let (x, out) = (x.as_slice::<f32>()?, output.as_mut_slice::<f32>()?);
+        let done = match (self.blocked_kernel(&p), pointwise_shape(&p)) {
+            (Some((Algorithm::Direct, _)), _) => depthwise::conv2d_blocked(&p, x, w, b, out, e),
+            (Some((Algorithm::Gemm, _)), Some(s)) => {
+                let len = kernel_result(OP, s.packed_len(), context)?;
+                let packed = prepared(&self.pointwise_packed, len, context, |d| {
+                    pointwise::pack(&s, w, b, d)
+                })?;
+                pointwise::conv2d(&s, x, packed, out, e)
+            }
+            _ => {
+                return Err(Error::internal(
+                    OP.name(),
+                    format!("no channel-blocked kernel for {}", context()),
+                ))
+            }
+        };
+        kernel_result(OP, done, context)
     }
 
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {

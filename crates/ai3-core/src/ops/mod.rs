@@ -8,6 +8,7 @@ use ai3_kernels::KernelResult;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::layout::Blocked;
 use crate::registry::{self, Algorithm, DeviceKind, OpKind, Problem, Request};
 use crate::tensor::{shape_str, Tensor};
 
@@ -100,6 +101,26 @@ pub trait Operation: Send + Sync + fmt::Debug {
     }
     /// Computes `output` from `inputs`.
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()>;
+    /// Whether this node can run on channel-blocked values for inputs of
+    /// these (logical) shapes, and how (see [`crate::layout`]); by default not.
+    fn blocked(&self, _inputs: &[&[usize]]) -> Blocked {
+        Blocked::No
+    }
+    /// Computes the blocked `output` from blocked `inputs` (tensors of the
+    /// physical shapes [`crate::layout::blocked_shape`] gives), `shapes`
+    /// being the inputs' logical shapes. Called only when [`Self::blocked`]
+    /// said [`Blocked::Kernel`] for them.
+    fn forward_blocked(
+        &self,
+        _inputs: &[&Tensor],
+        _shapes: &[&[usize]],
+        _output: &mut Tensor,
+    ) -> Result<()> {
+        Err(Error::internal(
+            self.kind().name(),
+            "this operation has no channel-blocked kernel",
+        ))
+    }
 }
 
 /// Runs `$body` with `$t` bound to the Rust element type of `$dtype`.

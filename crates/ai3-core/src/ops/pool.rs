@@ -1,7 +1,7 @@
 //! 2-D pooling: maximum, average and adaptive average.
 
 use super::attrs::{optional, required, Args, Arity, OpSpec, ParamKind as K};
-use ai3_kernels::cpu::pool;
+use ai3_kernels::cpu::{blocked, pool};
 use ai3_kernels::custom::{self, CustomError};
 use ai3_kernels::params::{AdaptivePool2dParams, AvgPoolOptions, Pool2dParams};
 
@@ -10,6 +10,7 @@ use super::{
     simple_algorithm, single, with_dtype, Operation,
 };
 use crate::error::{Error, Result};
+use crate::layout::Blocked;
 use crate::registry::{Algorithm, OpKind, Request};
 use crate::tensor::{shape_str, Tensor};
 
@@ -252,6 +253,24 @@ impl Operation for AvgPool2d {
 
 type OutputSize = (Option<usize>, Option<usize>);
 
+/// Whether an adaptive pooling runs on blocked values: an average to 1x1
+/// (global average pooling) of a batched, non-empty plane, by a built-in
+/// algorithm.
+fn global_average_blocked(
+    op: OpKind,
+    output_size: OutputSize,
+    algorithm: Algorithm,
+    inputs: &[&[usize]],
+) -> Blocked {
+    let global = op == OpKind::AdaptiveAvgPool2d && output_size == (Some(1), Some(1));
+    match inputs {
+        [[_, _, h, w]] if global && algorithm != Algorithm::Custom && h * w > 0 => {
+            Blocked::Kernel { gain: 0 }
+        }
+        _ => Blocked::No,
+    }
+}
+
 fn adaptive_params(
     op: OpKind,
     output_size: OutputSize,
@@ -311,6 +330,29 @@ macro_rules! adaptive_pool {
             fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
                 let (p, batched) = adaptive_params($op, self.output_size, single($op, inputs)?)?;
                 Ok(image_shape(batched, p.batch, p.channels, p.out_h, p.out_w))
+            }
+            fn blocked(&self, inputs: &[&[usize]]) -> Blocked {
+                global_average_blocked($op, self.output_size, self.algorithm, inputs)
+            }
+            fn forward_blocked(
+                &self,
+                inputs: &[&Tensor],
+                shapes: &[&[usize]],
+                output: &mut Tensor,
+            ) -> Result<()> {
+                let (x, shape) = (single($op, inputs)?, single($op, shapes)?);
+                let (p, _) = adaptive_params($op, self.output_size, shape)?;
+                kernel_result(
+                    $op,
+                    blocked::global_avg_pool::<f32>(
+                        p.batch,
+                        p.channels,
+                        p.in_h * p.in_w,
+                        x.as_slice()?,
+                        output.as_mut_slice()?,
+                    ),
+                    || format!("input shape {}, channel-blocked layout", shape_str(shape)),
+                )
             }
             fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
                 let x = single($op, inputs)?;

@@ -1,0 +1,313 @@
+//! Planned layouts: which values live in the channel-blocked layout (NCHW8c,
+//! see [`ai3_kernels::cpu::blocked`]) and where the graph reorders.
+//!
+//! Each operation says, for its input shapes, whether it can run on blocked
+//! values ([`Operation::blocked`]): with a kernel of its own (depthwise and
+//! 1x1 convolutions, global average pooling), which declares what it gains
+//! over its NCHW kernel, or elementwise (activations, adds and products of
+//! blocked values), which run their usual kernel over the blocked buffers.
+//! Candidates connected through the values between them form regions; a
+//! region goes blocked when its kernels gain more than its reorders cost
+//! (every value entering it is reordered in, every value leaving it, to an
+//! NCHW reader or a graph output, is reordered out), both counted in
+//! elements moved. MobileNet's and EfficientNet's inverted residual blocks
+//! thus run blocked from the first depthwise convolution to the global
+//! pooling, with one reorder at each end, where ResNet's 1x1 convolutions,
+//! between 3x3 ones that have no blocked kernel, stay NCHW.
+//!
+//! The padding lanes of a blocked value (past the channel count in its last
+//! block) hold finite values that never reach a real channel: reorders and
+//! the kernels write them as zeros, the kernels that read them give them
+//! zero weights, and only elementwise operations that keep finite values
+//! finite are admitted (no division).
+//!
+//! Blocked layouts need f32 and a CPU with the blocked kernels (AVX2 and
+//! FMA); elsewhere every value is NCHW.
+
+use crate::dtype::DType;
+use crate::ops::Operation;
+
+pub use ai3_kernels::cpu::blocked::BLOCK;
+
+/// The memory layout of a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Row-major `[n, c, h, w]` (any row-major shape for other ranks).
+    Nchw,
+    /// `[n, ceil(c / 8), h, w, 8]`: 8 channels side by side per pixel.
+    Blocked,
+}
+
+impl Layout {
+    /// How summaries name it: `NCHW` or `NCHW8c`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Nchw => "NCHW",
+            Layout::Blocked => "NCHW8c",
+        }
+    }
+}
+
+/// How an operation can run on blocked values, for given input shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Blocked {
+    /// Only on NCHW values.
+    No,
+    /// Its usual kernel, run over the blocked buffers (their physical
+    /// shapes), computes the blocked output: the operation is elementwise,
+    /// the same for every channel, keeps finite values finite, and each
+    /// input has the output's channels (or is a scalar).
+    Elementwise,
+    /// With its own blocked kernel ([`Operation::forward_blocked`]), which
+    /// moves about `gain` fewer elements than its NCHW one.
+    Kernel {
+        /// Elements saved against the NCHW kernel (0 when none).
+        gain: usize,
+    },
+}
+
+/// The physical shape of a blocked value of logical shape `[n, c, h, w]`.
+pub fn blocked_shape(shape: &[usize]) -> Vec<usize> {
+    match *shape {
+        [n, c, h, w] => vec![n, c.div_ceil(BLOCK), h, w, BLOCK],
+        _ => shape.to_vec(),
+    }
+}
+
+/// The layouts of one plan: per node how it runs on blocked values
+/// ([`Blocked::No`]: it runs NCHW); a node that runs blocked has a blocked
+/// output.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Layouts {
+    /// Per node.
+    pub blocked: Vec<Blocked>,
+}
+
+/// One node as the planner sees it.
+pub(crate) struct PlanNode<'a> {
+    pub op: &'a dyn Operation,
+    pub inputs: &'a [usize],
+    pub output: usize,
+}
+
+/// Chooses the blocked regions (see the module docs). `shapes` holds every
+/// value's logical shape, `produced_by[v]` the node that writes value `v`
+/// (`None` for inputs and constants), `outputs` the graph's outputs.
+pub(crate) fn plan(
+    dtype: DType,
+    enabled: bool,
+    nodes: &[PlanNode<'_>],
+    shapes: &[Vec<usize>],
+    produced_by: &[Option<usize>],
+    outputs: &[usize],
+) -> Layouts {
+    let none = Layouts {
+        blocked: vec![Blocked::No; nodes.len()],
+    };
+    if !enabled || dtype != DType::F32 || !ai3_kernels::cpu::blocked::available() {
+        return none;
+    }
+    let numel = |v: usize| shapes[v].iter().product::<usize>();
+    // Candidates: a kernel of their own, or elementwise over at least one
+    // candidate's output; every input 4-D.
+    let mut support = vec![Blocked::No; nodes.len()];
+    for (i, node) in nodes.iter().enumerate() {
+        let ins: Vec<&[usize]> = node.inputs.iter().map(|&v| shapes[v].as_slice()).collect();
+        if shapes[node.output].len() != 4 {
+            continue;
+        }
+        let s = node.op.blocked(&ins);
+        let feeds = node
+            .inputs
+            .iter()
+            .any(|&v| produced_by[v].is_some_and(|p| support[p] != Blocked::No));
+        support[i] = match s {
+            Blocked::Elementwise if !feeds => Blocked::No,
+            s => s,
+        };
+    }
+    // Regions: candidates joined through the values between them.
+    let mut parent: Vec<usize> = (0..nodes.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        if support[i] == Blocked::No {
+            continue;
+        }
+        for &v in node.inputs {
+            if let Some(p) = produced_by[v].filter(|&p| support[p] != Blocked::No) {
+                let (a, b) = (root(&mut parent, i), root(&mut parent, p));
+                parent[a] = b;
+            }
+        }
+    }
+    let region: Vec<Option<usize>> = (0..nodes.len())
+        .map(|i| (support[i] != Blocked::No).then(|| root(&mut parent, i)))
+        .collect();
+    // Gains and reorder costs per region.
+    let mut gain = vec![0usize; nodes.len()];
+    let mut cost = vec![0usize; nodes.len()];
+    let mut entering: Vec<(usize, usize)> = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let Some(r) = region[i] else { continue };
+        if let Blocked::Kernel { gain: g } = support[i] {
+            gain[r] = gain[r].saturating_add(g);
+        }
+        for &v in node.inputs {
+            let inside = produced_by[v].is_some_and(|p| region[p] == Some(r));
+            if !inside && !entering.contains(&(r, v)) {
+                entering.push((r, v));
+                cost[r] = cost[r].saturating_add(numel(v));
+            }
+        }
+    }
+    let mut leaving = vec![false; shapes.len()];
+    for (i, node) in nodes.iter().enumerate() {
+        for &v in node.inputs {
+            leaving[v] |=
+                produced_by[v].is_some_and(|p| region[p].is_some() && region[i] != region[p]);
+        }
+    }
+    for &v in outputs {
+        leaving[v] |= produced_by[v].is_some_and(|p| region[p].is_some());
+    }
+    for (v, &l) in leaving.iter().enumerate() {
+        if l {
+            if let Some(r) = produced_by[v].and_then(|p| region[p]) {
+                cost[r] = cost[r].saturating_add(numel(v));
+            }
+        }
+    }
+    Layouts {
+        blocked: region
+            .iter()
+            .zip(support)
+            .map(|(r, s)| match r {
+                Some(r) if gain[*r] > cost[*r] => s,
+                _ => Blocked::No,
+            })
+            .collect(),
+    }
+}
+
+/// One step of a run: a node, or a reorder of a value into a copy of it in
+/// the other layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Runs node `.0`.
+    Node(usize),
+    /// Writes value `src` into value `dst` in layout `to`, for node `owner`
+    /// (the reader it is made for, or the producer of a graph output), whose
+    /// time a profile counts it in.
+    Reorder {
+        src: usize,
+        dst: usize,
+        to: Layout,
+        owner: usize,
+    },
+}
+
+/// How a run goes for one set of input shapes: the steps, and what every
+/// node reads once the reorders are in.
+#[derive(Clone, Debug)]
+pub(crate) struct Route {
+    /// Logical shape of every value, the reorders' copies appended.
+    pub shapes: Vec<Vec<usize>>,
+    /// Layout of every value.
+    pub layouts: Vec<Layout>,
+    /// In order.
+    pub steps: Vec<Step>,
+    /// Per node, the values it reads (copies where its inputs are reordered).
+    pub inputs: Vec<Vec<usize>>,
+    /// Per node, how it runs on blocked values ([`Blocked::No`]: NCHW).
+    pub blocked: Vec<Blocked>,
+    /// The values returned, NCHW.
+    pub outputs: Vec<usize>,
+}
+
+impl Route {
+    /// The shape value `v`'s buffer has.
+    pub fn physical(&self, v: usize) -> Vec<usize> {
+        match self.layouts[v] {
+            Layout::Nchw => self.shapes[v].clone(),
+            Layout::Blocked => blocked_shape(&self.shapes[v]),
+        }
+    }
+}
+
+/// The steps for `layouts`: each node reads its inputs in its own layout,
+/// through one copy per value and layout, made right before its first
+/// reader; graph outputs are returned NCHW.
+pub(crate) fn route(
+    layouts: &Layouts,
+    nodes: &[PlanNode<'_>],
+    mut shapes: Vec<Vec<usize>>,
+    produced_by: &[Option<usize>],
+    outputs: &[usize],
+) -> Route {
+    let mut layout: Vec<Layout> = vec![Layout::Nchw; shapes.len()];
+    for (node, &b) in nodes.iter().zip(&layouts.blocked) {
+        if b != Blocked::No {
+            layout[node.output] = Layout::Blocked;
+        }
+    }
+    let mut copies: Vec<((usize, Layout), usize)> = Vec::new();
+    let mut steps = Vec::with_capacity(nodes.len());
+    let mut copy = |v: usize,
+                    to: Layout,
+                    owner: usize,
+                    shapes: &mut Vec<Vec<usize>>,
+                    steps: &mut Vec<Step>| {
+        if layout[v] == to {
+            return v;
+        }
+        if let Some(&(_, w)) = copies.iter().find(|(k, _)| *k == (v, to)) {
+            return w;
+        }
+        let w = shapes.len();
+        shapes.push(shapes[v].clone());
+        layout.push(to);
+        copies.push(((v, to), w));
+        steps.push(Step::Reorder {
+            src: v,
+            dst: w,
+            to,
+            owner,
+        });
+        w
+    };
+    let mut inputs = Vec::with_capacity(nodes.len());
+    for (i, node) in nodes.iter().enumerate() {
+        let to = match layouts.blocked[i] {
+            Blocked::No => Layout::Nchw,
+            _ => Layout::Blocked,
+        };
+        let ins = node
+            .inputs
+            .iter()
+            .map(|&v| copy(v, to, i, &mut shapes, &mut steps))
+            .collect();
+        inputs.push(ins);
+        steps.push(Step::Node(i));
+    }
+    let outputs = outputs
+        .iter()
+        .map(|&v| match produced_by[v] {
+            Some(p) => copy(v, Layout::Nchw, p, &mut shapes, &mut steps),
+            None => v,
+        })
+        .collect();
+    Route {
+        shapes,
+        layouts: layout,
+        steps,
+        inputs,
+        blocked: layouts.blocked.clone(),
+        outputs,
+    }
+}
