@@ -152,10 +152,15 @@ fn run(
     // Equal groups of output blocks whose weights fit GROUP_BYTES, and
     // equal runs of pixels, at least a few tasks per thread when the plane
     // allows, so that threads finish together.
-    let groups = (ocb * w_stride * 4).div_ceil(GROUP_BYTES).clamp(1, ocb);
+    let threads = threads_for_macs(s.macs());
+    let mut groups = (ocb * w_stride * 4).div_ceil(GROUP_BYTES).clamp(1, ocb);
+    if s.batch * plane.div_ceil(TASK_PIXELS) < 4 * threads {
+        // Few pixels (7x7, 14x14 at batch 1): the groups are the tasks, as
+        // many for every thread.
+        groups = groups.next_multiple_of(threads).min(ocb.div_ceil(OBT));
+    }
     let group = ocb.div_ceil(groups).next_multiple_of(OBT).min(ocb);
     let groups = ocb.div_ceil(group);
-    let threads = threads_for_macs(s.macs());
     let want = (4 * threads).div_ceil(s.batch * groups);
     let runs = plane
         .div_ceil(TASK_PIXELS)
@@ -175,8 +180,12 @@ fn run(
         let (p0, p1) = (r * run_len, ((r + 1) * run_len).min(plane));
         let x = &input[n * icb * plane * BLOCK..][..icb * plane * BLOCK];
         let mut p = p0;
+        // Tiles of equal size, at most PT (49 pixels: 4 of 6 and 5 of 5,
+        // not 8 of 6 and one of 1).
+        let mut tiles = (p1 - p0).div_ceil(PT);
         while p < p1 {
-            let np = PT.min(p1 - p);
+            let np = (p1 - p).div_ceil(tiles);
+            tiles -= 1;
             let mut ob = ob0;
             while ob < ob1 {
                 let nob = OBT.min(ob1 - ob);

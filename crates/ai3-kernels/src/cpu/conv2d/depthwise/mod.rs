@@ -381,6 +381,7 @@ mod tests {
                 (12, 5, 11),
                 (14, 14, 3),
                 (37, 41, 9), // a larger plane of odd sizes
+                (5, 60, 11), // wide enough to read blocked input in place
             ] {
                 for &mult in &[1, 2] {
                     let p = Conv2dParams {
