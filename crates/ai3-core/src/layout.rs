@@ -311,3 +311,141 @@ pub(crate) fn route(
         outputs,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Result;
+    use crate::registry::OpKind;
+    use crate::tensor::Tensor;
+
+    /// An operation that only says how it runs blocked.
+    #[derive(Debug)]
+    struct Fake(Blocked);
+
+    impl Operation for Fake {
+        fn kind(&self) -> OpKind {
+            OpKind::Relu
+        }
+        fn algorithm_for(&self, _: &[usize]) -> Result<String> {
+            Ok("direct".into())
+        }
+        fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+            Ok(inputs[0].to_vec())
+        }
+        fn forward(&self, _: &[&Tensor], _: &mut Tensor) -> Result<()> {
+            Ok(())
+        }
+        fn blocked(&self, _: &[&[usize]]) -> Blocked {
+            self.0
+        }
+    }
+
+    const K: Blocked = Blocked::Kernel { gain: 1000 };
+    const E: Blocked = Blocked::Elementwise;
+    const N: Blocked = Blocked::No;
+
+    /// Plans and routes a graph of one input (value 0, `[1, 16, 4, 4]`, 256
+    /// elements) whose node `i` writes value `i + 1` and reads `reads[i]`.
+    fn run(ops: &[Blocked], reads: &[&[usize]], outputs: &[usize], dtype: DType) -> Route {
+        let fakes: Vec<Fake> = ops.iter().map(|&b| Fake(b)).collect();
+        let nodes: Vec<PlanNode<'_>> = fakes
+            .iter()
+            .zip(reads)
+            .enumerate()
+            .map(|(i, (op, r))| PlanNode {
+                op,
+                inputs: r,
+                output: i + 1,
+            })
+            .collect();
+        let shapes = vec![vec![1, 16, 4, 4]; ops.len() + 1];
+        let produced_by: Vec<Option<usize>> = (0..=ops.len()).map(|v| v.checked_sub(1)).collect();
+        let layouts = plan(dtype, true, &nodes, &shapes, &produced_by, outputs);
+        route(&layouts, &nodes, shapes, &produced_by, outputs)
+    }
+
+    fn reorders(r: &Route) -> Vec<(usize, Layout, usize)> {
+        r.steps
+            .iter()
+            .filter_map(|s| match *s {
+                Step::Reorder { src, to, owner, .. } => Some((src, to, owner)),
+                Step::Node(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_paying_run_is_blocked_with_one_reorder_at_each_end() {
+        let r = run(
+            &[K, E, K, N],
+            &[&[0], &[1], &[2, 1], &[3]],
+            &[4],
+            DType::F32,
+        );
+        if !ai3_kernels::cpu::blocked::available() {
+            assert_eq!(r.blocked, vec![N; 4]);
+            assert!(reorders(&r).is_empty());
+            return;
+        }
+        assert_eq!(r.blocked, vec![K, E, K, N]);
+        // The input in before node 0; value 3 out before node 3.
+        assert_eq!(
+            reorders(&r),
+            vec![(0, Layout::Blocked, 0), (3, Layout::Nchw, 3)]
+        );
+        assert_eq!(r.inputs[0], vec![5]);
+        assert_eq!(r.inputs[2], vec![2, 1]);
+        assert_eq!(r.inputs[3], vec![6]);
+        assert_eq!(r.physical(1), vec![1, 2, 4, 4, 8]);
+        assert_eq!(r.physical(4), vec![1, 16, 4, 4]);
+        assert_eq!(r.outputs, vec![4]);
+    }
+
+    #[test]
+    fn a_run_whose_reorders_cost_more_stays_nchw() {
+        let small = Blocked::Kernel { gain: 511 };
+        let r = run(&[small, N], &[&[0], &[1]], &[2], DType::F32);
+        assert_eq!(r.blocked, vec![N, N]);
+        assert!(reorders(&r).is_empty());
+        assert_eq!(r.steps, vec![Step::Node(0), Step::Node(1)]);
+    }
+
+    #[test]
+    fn elementwise_nodes_follow_blocked_producers_only() {
+        // E reads the input, not a candidate's output: it stays NCHW, and
+        // the kernel after it pays for its own reorders.
+        let r = run(&[E, K], &[&[0], &[1]], &[2], DType::F32);
+        assert_eq!(r.blocked[0], N);
+    }
+
+    #[test]
+    fn one_copy_serves_every_reader_and_outputs_leave_nchw() {
+        // Value 1 (blocked) is read by two NCHW nodes and is an output.
+        let r = run(&[K, N, N], &[&[0], &[1], &[1]], &[1, 3], DType::F32);
+        if !ai3_kernels::cpu::blocked::available() {
+            return;
+        }
+        assert_eq!(r.blocked, vec![K, N, N]);
+        let copies: Vec<_> = reorders(&r).into_iter().filter(|c| c.0 == 1).collect();
+        assert_eq!(copies, vec![(1, Layout::Nchw, 1)]);
+        let copy = r.inputs[1][0];
+        assert_eq!(r.inputs[2], vec![copy]);
+        assert_eq!(r.outputs, vec![copy, 3]);
+    }
+
+    #[test]
+    fn float64_and_the_switch_keep_every_value_nchw() {
+        let r = run(&[K, K], &[&[0], &[1]], &[2], DType::F64);
+        assert_eq!(r.blocked, vec![N, N]);
+        let fake = Fake(K);
+        let nodes = [PlanNode {
+            op: &fake,
+            inputs: &[0],
+            output: 1,
+        }];
+        let shapes = vec![vec![1, 16, 4, 4]; 2];
+        let off = plan(DType::F32, false, &nodes, &shapes, &[None, Some(0)], &[1]);
+        assert_eq!(off.blocked, vec![N]);
+    }
+}
