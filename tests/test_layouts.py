@@ -223,3 +223,22 @@ def test_the_portable_level_keeps_every_value_nchw():
     )
     assert got.returncode == 0, got.stderr[-3000:]
     assert got.stdout.strip() == "['NCHW']"
+
+
+def test_an_unbatched_input_runs_nchw():
+    # Blocked values are 4-D: a 3-D (unbatched) input keeps every value NCHW.
+    net = nn.Sequential(
+        nn.Conv2d(11, 33, 1),
+        nn.ReLU6(),
+        nn.Conv2d(33, 33, 3, padding=1, groups=33),
+        nn.Hardswish(),
+        nn.Conv2d(33, 11, 1),
+    ).eval()
+    x = torch.randn(11, 20, 20)
+    model = ai3.convert(net)
+    assert_close(model(x), reference(net, x))
+    assert set(layouts(model, tuple(x.shape)).values()) == {"NCHW"}
+    batched = x.unsqueeze(0)
+    assert_close(model(batched), reference(net, batched))
+    if BLOCKED:
+        assert "NCHW8c" in layouts(model, tuple(batched.shape)).values()

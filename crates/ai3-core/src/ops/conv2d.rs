@@ -356,6 +356,24 @@ impl Conv2d {
         )
     }
 
+    /// What the kernels apply to output elements `at..at + s.len()` once
+    /// finished, while they are in cache: the residual (in the output's
+    /// layout), then the activation.
+    fn epilogue<'a, T: crate::dtype::Element>(
+        &self,
+        residual: Option<&'a [T]>,
+    ) -> impl Fn(usize, &mut [T]) + Sync + 'a {
+        let activation = self.activation;
+        move |at: usize, s: &mut [T]| {
+            if let Some(r) = residual {
+                s.iter_mut().zip(&r[at..]).for_each(|(o, &r)| *o += r);
+            }
+            if let Some(a) = activation {
+                a.apply_serial(s)
+            }
+        }
+    }
+
     /// Runs the kernel of the algorithm `p` resolves to; `shape` is the
     /// layer's input shape, for messages. Returns whether the kernel applied
     /// the fused activation itself (else the caller applies it).
@@ -374,17 +392,7 @@ impl Conv2d {
         };
         let algorithm = self.algorithm(p)?;
         let context = || format!("{}, algorithm '{algorithm}'", self.context(shape));
-        let activation = self.activation;
-        // Output elements `at..at + s.len()`, finished: the residual and the
-        // activation while they are in cache.
-        let epilogue = |at: usize, s: &mut [T]| {
-            if let Some(r) = residual {
-                s.iter_mut().zip(&r[at..]).for_each(|(o, &r)| *o += r);
-            }
-            if let Some(a) = activation {
-                a.apply_serial(s)
-            }
-        };
+        let epilogue = self.epilogue(residual);
         let mut fused = false;
         let done = match algorithm {
             Algorithm::Direct if depthwise::applies(p) => {
@@ -588,16 +596,8 @@ impl Operation for Conv2d {
             Some(r) => Some(r.as_slice::<f32>()?),
             None => None,
         };
-        let activation = self.activation;
-        let epilogue = |at: usize, s: &mut [f32]| {
-            if let Some(r) = r {
-                s.iter_mut().zip(&r[at..]).for_each(|(o, &r)| *o += r);
-            }
-            if let Some(a) = activation {
-                a.apply_serial(s)
-            }
-        };
-        let e = (r.is_some() || activation.is_some()).then_some(&epilogue as Epilogue<f32>);
+        let epilogue = self.epilogue(r);
+        let e = (r.is_some() || self.activation.is_some()).then_some(&epilogue as Epilogue<f32>);
         let (x, out) = (x.as_slice::<f32>()?, output.as_mut_slice::<f32>()?);
         let done = match (self.blocked_kernel(&p), pointwise_shape(&p)) {
             (Some((Algorithm::Direct, _)), _) => depthwise::conv2d_blocked(&p, x, w, b, out, e),

@@ -64,17 +64,8 @@ pub fn to_blocked<T: Float>(
         let lanes = BLOCK.min(c - b * BLOCK);
         let planes = &src[(img * c + b * BLOCK) * plane..][..lanes * plane];
         #[cfg(target_arch = "x86_64")]
-        if lanes == BLOCK {
-            if let (Some(s), Some(d)) = (
-                crate::float::as_f32(planes),
-                crate::float::as_f32_mut(block),
-            ) {
-                if crate::isa::avx2() {
-                    // SAFETY: AVX2 checked; `s` holds 8 planes, `d` `plane` pixels of 8.
-                    unsafe { transpose::planes_to_pixels(s, plane, d) };
-                    return;
-                }
-            }
+        if lanes == BLOCK && transpose::run(transpose::planes_to_pixels, planes, plane, block) {
+            return;
         }
         for (q, px) in block.chunks_exact_mut(BLOCK).enumerate() {
             for (l, v) in px.iter_mut().enumerate() {
@@ -107,17 +98,8 @@ pub fn from_blocked<T: Float>(
         let block = &src[(img * cb + b) * plane * BLOCK..][..plane * BLOCK];
         let lanes = planes.len() / plane.max(1);
         #[cfg(target_arch = "x86_64")]
-        if lanes == BLOCK {
-            if let (Some(s), Some(d)) = (
-                crate::float::as_f32(block),
-                crate::float::as_f32_mut(planes),
-            ) {
-                if crate::isa::avx2() {
-                    // SAFETY: AVX2 checked; `s` holds `plane` pixels of 8, `d` 8 planes.
-                    unsafe { transpose::pixels_to_planes(s, plane, d) };
-                    return;
-                }
-            }
+        if lanes == BLOCK && transpose::run(transpose::pixels_to_planes, block, plane, planes) {
+            return;
         }
         for l in 0..lanes {
             for (q, v) in planes[l * plane..][..plane].iter_mut().enumerate() {
@@ -278,6 +260,28 @@ pub(crate) mod transpose {
     use std::arch::x86_64::*;
 
     use super::BLOCK;
+    use crate::Float;
+
+    /// Runs `f` (one of this module's transposes of 8 planes of `plane`
+    /// pixels) on `src` and `dst` when they are f32 and the CPU has AVX2;
+    /// whether it ran.
+    pub(crate) fn run<T: Float>(
+        f: unsafe fn(&[f32], usize, &mut [f32]),
+        src: &[T],
+        plane: usize,
+        dst: &mut [T],
+    ) -> bool {
+        match (crate::float::as_f32(src), crate::float::as_f32_mut(dst)) {
+            (Some(s), Some(d))
+                if crate::isa::avx2() && s.len() == 8 * plane && d.len() == s.len() =>
+            {
+                // SAFETY: AVX2 checked, and both hold 8 * plane elements.
+                unsafe { f(s, plane, d) };
+                true
+            }
+            _ => false,
+        }
+    }
 
     /// Stores column `j` of the 8x8 matrix whose rows are `r` at `dst[j]`.
     ///
