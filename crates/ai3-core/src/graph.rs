@@ -939,20 +939,26 @@ impl Graph {
         }
     }
 
-    /// A human-readable table of the graph for the given input shapes.
+    /// A human-readable table of the graph for the given input shapes: a
+    /// line per node with its algorithm, layout, shapes and reorders.
     pub fn describe(&self, input_shapes: &[Vec<usize>]) -> Result<String> {
         let mut s = String::new();
         for r in self.summary(input_shapes)? {
             let ins: Vec<String> = r.input_shapes.iter().map(|x| shape_str(x)).collect();
-            let _ = writeln!(
+            let _ = write!(
                 s,
-                "{:<24} {:<18} {:<10} {} -> {}",
+                "{:<24} {:<18} {:<10} {:<7} {} -> {}",
                 r.name,
                 r.op,
                 r.algorithm,
+                r.layout.name(),
                 ins.join(", "),
                 shape_str(&r.output_shape)
             );
+            if !r.reorders.is_empty() {
+                let _ = write!(s, "  (reorders: {})", r.reorders.join("; "));
+            }
+            s.push('\n');
         }
         Ok(s)
     }
