@@ -201,7 +201,7 @@ impl Graph {
             &produced_by,
             &self.outputs,
         );
-        layout::route(&layouts, &nodes, shapes, &produced_by, &self.outputs)
+        layout::route(layouts, &nodes, shapes, &produced_by, &self.outputs)
     }
 
     /// The dtype every value has.
@@ -479,15 +479,14 @@ impl Graph {
         let route = self.route(self.infer_shapes(input_shapes)?);
         let total = route.shapes.len();
         // What each step writes and reads.
-        let step_io = |step: &Step| -> (ValueId, Vec<ValueId>) {
-            match *step {
-                Step::Node(i) => (self.nodes[i].output, route.inputs[i].clone()),
-                Step::Reorder { src, dst, .. } => (dst, vec![src]),
-            }
+        // The value each step writes.
+        let writes = |step: &Step| match *step {
+            Step::Node(i) => self.nodes[i].output,
+            Step::Reorder { dst, .. } => dst,
         };
         let mut last_use: Vec<Option<usize>> = vec![None; total];
         for (s, step) in route.steps.iter().enumerate() {
-            for v in step_io(step).1 {
+            for &v in route.reads(step) {
                 last_use[v] = Some(s);
             }
         }
@@ -497,7 +496,7 @@ impl Graph {
         // offset the planner computes can overflow.
         let mut total_bytes = 0usize;
         for (s, step) in route.steps.iter().enumerate() {
-            let (v, _) = step_io(step);
+            let v = writes(step);
             let op = match *step {
                 Step::Node(i) => self.nodes[i].op.kind().name(),
                 Step::Reorder { .. } => "reorder",

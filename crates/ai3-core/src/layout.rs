@@ -231,6 +231,14 @@ pub(crate) struct Route {
 }
 
 impl Route {
+    /// The values `step` (one of [`Route::steps`]) reads.
+    pub fn reads<'a>(&'a self, step: &'a Step) -> &'a [usize] {
+        match step {
+            Step::Node(i) => &self.inputs[*i],
+            Step::Reorder { src, .. } => std::slice::from_ref(src),
+        }
+    }
+
     /// The shape value `v`'s buffer has.
     pub fn physical(&self, v: usize) -> Vec<usize> {
         match self.layouts[v] {
@@ -244,7 +252,7 @@ impl Route {
 /// through one copy per value and layout, made right before its first
 /// reader; graph outputs are returned NCHW.
 pub(crate) fn route(
-    layouts: &Layouts,
+    layouts: Layouts,
     nodes: &[PlanNode<'_>],
     mut shapes: Vec<Vec<usize>>,
     produced_by: &[Option<usize>],
@@ -307,7 +315,7 @@ pub(crate) fn route(
         layouts: layout,
         steps,
         inputs,
-        blocked: layouts.blocked.clone(),
+        blocked: layouts.blocked,
         outputs,
     }
 }
@@ -362,7 +370,7 @@ mod tests {
         let shapes = vec![vec![1, 16, 4, 4]; ops.len() + 1];
         let produced_by: Vec<Option<usize>> = (0..=ops.len()).map(|v| v.checked_sub(1)).collect();
         let layouts = plan(dtype, true, &nodes, &shapes, &produced_by, outputs);
-        route(&layouts, &nodes, shapes, &produced_by, outputs)
+        route(layouts, &nodes, shapes, &produced_by, outputs)
     }
 
     fn reorders(r: &Route) -> Vec<(usize, Layout, usize)> {

@@ -234,14 +234,10 @@ impl Operation for Binary {
         let (&[x, y], &[a, b]) = (inputs, shapes) else {
             return Err(self.arity_error(inputs.len()));
         };
-        let [n, c, h, w] = *a
-            .iter()
-            .zip(b.iter())
-            .map(|(p, q)| *p.max(q))
-            .collect::<Vec<_>>()
-        else {
+        if a.len() != 4 || b.len() != 4 {
             return Err(Error::internal(op.name(), "a blocked input is not 4-D"));
-        };
+        }
+        let [n, c, h, w]: [usize; 4] = std::array::from_fn(|i| a[i].max(b[i]));
         let Some(first) = per_channel_operand(a, b, &[n, c, h, w]) else {
             return Err(Error::internal(
                 op.name(),

@@ -64,7 +64,7 @@ pub fn to_blocked<T: Float>(
         let lanes = BLOCK.min(c - b * BLOCK);
         let planes = &src[(img * c + b * BLOCK) * plane..][..lanes * plane];
         #[cfg(target_arch = "x86_64")]
-        if lanes == BLOCK && transpose::run(transpose::planes_to_pixels, planes, plane, block) {
+        if lanes == BLOCK && transpose::run(true, planes, plane, block) {
             return;
         }
         for (q, px) in block.chunks_exact_mut(BLOCK).enumerate() {
@@ -98,7 +98,7 @@ pub fn from_blocked<T: Float>(
         let block = &src[(img * cb + b) * plane * BLOCK..][..plane * BLOCK];
         let lanes = planes.len() / plane.max(1);
         #[cfg(target_arch = "x86_64")]
-        if lanes == BLOCK && transpose::run(transpose::pixels_to_planes, block, plane, planes) {
+        if lanes == BLOCK && transpose::run(false, block, plane, planes) {
             return;
         }
         for l in 0..lanes {
@@ -262,21 +262,16 @@ pub(crate) mod transpose {
     use super::BLOCK;
     use crate::Float;
 
-    /// Runs `f` (one of this module's transposes of 8 planes of `plane`
-    /// pixels) on `src` and `dst` when they are f32 and the CPU has AVX2;
-    /// whether it ran.
-    pub(crate) fn run<T: Float>(
-        f: unsafe fn(&[f32], usize, &mut [f32]),
-        src: &[T],
-        plane: usize,
-        dst: &mut [T],
-    ) -> bool {
+    /// Transposes `src` into `dst`, 8 planes of `plane` pixels into pixels
+    /// of 8 lanes (`to_pixels`) or back, when they are f32 and the CPU has
+    /// AVX2 ([`reorder`]); whether it ran.
+    pub(crate) fn run<T: Float>(to_pixels: bool, src: &[T], plane: usize, dst: &mut [T]) -> bool {
         match (crate::float::as_f32(src), crate::float::as_f32_mut(dst)) {
             (Some(s), Some(d))
                 if crate::isa::avx2() && s.len() == 8 * plane && d.len() == s.len() =>
             {
                 // SAFETY: AVX2 checked, and both hold 8 * plane elements.
-                unsafe { f(s, plane, d) };
+                unsafe { reorder(to_pixels, s, plane, d) };
                 true
             }
             _ => false,
@@ -319,48 +314,44 @@ pub(crate) mod transpose {
         }
     }
 
-    /// `dst[q * 8 + l] = src[l * plane + q]`.
+    /// `dst[q * 8 + l] = src[l * plane + q]` (`to_pixels`), or the other
+    /// way: 8 pixels of the 8 lanes at a time through [`store_transposed`],
+    /// the rows of the 8x8 tile being lanes one way and pixels the other.
     ///
     /// # Safety
     /// AVX2 and FMA; `src` has `8 * plane` elements and `dst` as many.
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn planes_to_pixels(src: &[f32], plane: usize, dst: &mut [f32]) {
+    unsafe fn reorder(to_pixels: bool, src: &[f32], plane: usize, dst: &mut [f32]) {
         let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        // Element (lane l, pixel q) in either layout.
+        let planar = |l: usize, q: usize| l * plane + q;
+        let pixel = |l: usize, q: usize| q * BLOCK + l;
+        // Source and destination index of element (l, q).
+        let at = |l: usize, q: usize| {
+            if to_pixels {
+                (planar(l, q), pixel(l, q))
+            } else {
+                (pixel(l, q), planar(l, q))
+            }
+        };
         let mut q = 0;
-        // SAFETY (whole body): reads at `l * plane + q..+8` with q + 8 <= plane,
-        // writes at pixels q..q+8.
+        // SAFETY (whole body): every index is of a lane < 8 and a pixel
+        // < plane (q + 8 <= plane for the tiles).
         unsafe {
             while q + 8 <= plane {
-                let rows = std::array::from_fn(|l| _mm256_loadu_ps(s.add(l * plane + q)));
-                store_transposed(rows, std::array::from_fn(|j| d.add((q + j) * BLOCK)));
-                q += 8;
-            }
-            for q in q..plane {
-                for l in 0..BLOCK {
-                    *d.add(q * BLOCK + l) = *s.add(l * plane + q);
+                if to_pixels {
+                    let rows = std::array::from_fn(|l| _mm256_loadu_ps(s.add(planar(l, q))));
+                    store_transposed(rows, std::array::from_fn(|j| d.add(pixel(0, q + j))));
+                } else {
+                    let rows = std::array::from_fn(|j| _mm256_loadu_ps(s.add(pixel(0, q + j))));
+                    store_transposed(rows, std::array::from_fn(|l| d.add(planar(l, q))));
                 }
-            }
-        }
-    }
-
-    /// `dst[l * plane + q] = src[q * 8 + l]`.
-    ///
-    /// # Safety
-    /// AVX2 and FMA; `src` has `8 * plane` elements and `dst` as many.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn pixels_to_planes(src: &[f32], plane: usize, dst: &mut [f32]) {
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-        let mut q = 0;
-        // SAFETY (whole body): as in `planes_to_pixels`, the other way.
-        unsafe {
-            while q + 8 <= plane {
-                let px = std::array::from_fn(|j| _mm256_loadu_ps(s.add((q + j) * BLOCK)));
-                store_transposed(px, std::array::from_fn(|l| d.add(l * plane + q)));
                 q += 8;
             }
             for q in q..plane {
                 for l in 0..BLOCK {
-                    *d.add(l * plane + q) = *s.add(q * BLOCK + l);
+                    let (i, o) = at(l, q);
+                    *d.add(o) = *s.add(i);
                 }
             }
         }

@@ -379,45 +379,50 @@ unsafe fn compute_direct(p: &Conv2dParams, src: &[f32], wb: &[f32], bb: &[f32], 
     // and columns checked, or interior), every store of a pixel of `out`.
     unsafe {
         let bias = _mm256_loadu_ps(bb.as_ptr());
-        let pixel = |x: usize, rows: &[(usize, *const f32)]| {
+        // The input row of tap row `ky` for output row `y` (inside the input).
+        let row = |y: usize, ky: usize| {
+            sp.add(((y * sh + ky * dh) as isize - top) as usize * p.in_w * CB)
+        };
+        let pixel = |x: usize, y: usize, kys: std::ops::Range<usize>| {
             let mut acc = bias;
-            for &(ky, row) in rows {
+            for ky in kys {
                 for kx in 0..kw {
                     let ix = (x * sw + kx * dw) as isize - left;
                     if ix >= 0 && ix < in_w {
                         let w = _mm256_loadu_ps(wp.add((ky * kw + kx) * CB));
-                        acc =
-                            _mm256_fmadd_ps(w, _mm256_loadu_ps(row.offset(ix * CB as isize)), acc);
+                        let v = _mm256_loadu_ps(row(y, ky).offset(ix * CB as isize));
+                        acc = _mm256_fmadd_ps(w, v, acc);
                     }
                 }
             }
             acc
         };
-        let mut rows: Vec<(usize, *const f32)> = Vec::with_capacity(kh);
         for y in 0..oh {
-            rows.clear();
-            for ky in 0..kh {
-                let iy = (y * sh + ky * dh) as isize - top;
-                if iy >= 0 && iy < in_h {
-                    rows.push((ky, sp.offset(iy * in_w * CB as isize)));
-                }
-            }
+            // The tap rows inside the input: iy = y * sh + ky * dh - top in [0, in_h).
+            let y0 = (y * sh) as isize - top;
+            let ky0 = if y0 >= 0 { 0 } else { (-y0) as usize }.div_ceil(dh);
+            let ky1 = if y0 >= in_h {
+                0
+            } else {
+                ((in_h - y0) as usize).div_ceil(dh)
+            };
+            let kys = ky0.min(kh)..ky1.min(kh);
             let orow = op.add(y * ow * CB);
             for x in (0..x_lo).chain(x_hi..ow) {
-                _mm256_storeu_ps(orow.add(x * CB), pixel(x, &rows));
+                _mm256_storeu_ps(orow.add(x * CB), pixel(x, y, kys.clone()));
             }
             if x_hi - x_lo < R {
                 for x in x_lo..x_hi {
-                    _mm256_storeu_ps(orow.add(x * CB), pixel(x, &rows));
+                    _mm256_storeu_ps(orow.add(x * CB), pixel(x, y, kys.clone()));
                 }
                 continue;
             }
             let mut x0 = x_lo;
             loop {
                 let mut acc = [bias; R];
-                for &(ky, row) in &rows {
+                for ky in kys.clone() {
                     // The first pixel's input column for tap 0, in elements.
-                    let base = row.offset(((x0 * sw) as isize - left) * CB as isize);
+                    let base = row(y, ky).offset(((x0 * sw) as isize - left) * CB as isize);
                     for kx in 0..kw {
                         let w = _mm256_loadu_ps(wp.add((ky * kw + kx) * CB));
                         let tap = base.add(kx * dw * CB);
