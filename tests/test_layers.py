@@ -51,9 +51,13 @@ def test_linear(shape, bias, algo, dtype, path):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize(("fin", "fout", "batch"), [(1, 1, 1), (130, 67, 9), (300, 257, 4)])
+@pytest.mark.parametrize(
+    ("fin", "fout", "batch"),
+    [(1, 1, 1), (130, 67, 9), (300, 257, 4), (1030, 40, 1), (513, 20, 2), (50, 33, 130)],
+)
 def test_linear_sizes(fin, fout, batch, dtype, path):
-    """Sizes that are not multiples of any plausible block size."""
+    """Sizes that are not multiples of any plausible block size; one and two
+    rows (a batch through a classifier) and more rows than one task's block."""
     check_layer("linear", nn.Linear(fin, fout), torch.randn(batch, fin), "gemm", path, dtype)
 
 

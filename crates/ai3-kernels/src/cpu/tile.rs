@@ -189,7 +189,15 @@ pub(crate) mod avx2 {
     pub(crate) unsafe fn run(m: usize, t: &Tile) {
         // SAFETY: as the caller guarantees.
         unsafe {
-            if t.n >= NR {
+            if m <= 2 && t.n > NR / 2 {
+                // Too few rows to hide the latency of the multiply-adds.
+                match (m, t.n >= NR) {
+                    (2, true) => split_reduction::<2, 2, true>(t),
+                    (2, false) => split_reduction::<2, 2, false>(t),
+                    (_, true) => split_reduction::<1, 4, true>(t),
+                    (_, false) => split_reduction::<1, 4, false>(t),
+                }
+            } else if t.n >= NR {
                 by_rows!(m, t, full, 6 5 4 3 2)
             } else if t.n <= NR / 2 {
                 by_rows!(m, t, narrow, 6 5 4 3 2)
@@ -241,6 +249,68 @@ pub(crate) mod avx2 {
             }
             for (i, v) in acc.iter().enumerate() {
                 _mm256_maskstore_ps(t.c.add(i * t.ldc), m0, *v);
+            }
+        }
+    }
+
+    /// A tile of `M` rows (1 or 2) with the reduction split into `U`
+    /// interleaved parts, each with its own accumulators, summed at the end:
+    /// one row of one tile's two vectors is a chain of dependent
+    /// multiply-adds, which would run at a quarter of the FMA units' rate
+    /// (a batch of one through a classifier).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn split_reduction<const M: usize, const U: usize, const FULL: bool>(t: &Tile) {
+        // SAFETY (whole function): see `run`; unless FULL, masked loads and
+        // stores never touch the lanes past `n`.
+        unsafe {
+            let [m0, m1] = lane_masks(t.n);
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            for (i, acc) in acc.iter_mut().enumerate().take(M) {
+                *acc = match t.init {
+                    Init::Zero => *acc,
+                    Init::Row(row) => [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))],
+                    Init::PerRow(col) => [_mm256_set1_ps(*col.add(i)); 2],
+                    Init::Load => {
+                        let c = t.c.add(i * t.ldc);
+                        [load::<FULL>(c, m0), load::<FULL>(c.add(8), m1)]
+                    }
+                };
+            }
+            // Accumulator set j = u * M + i: part u of row i.
+            let whole = t.kc / U * U;
+            let mut k = 0;
+            while k < whole {
+                for u in 0..U {
+                    let b = t.b.add((k + u) * t.ldb);
+                    let (b0, b1) = (load::<FULL>(b, m0), load::<FULL>(b.add(8), m1));
+                    for i in 0..M {
+                        let a = _mm256_broadcast_ss(&*t.a.add(i * t.lda + k + u));
+                        let j = u * M + i;
+                        acc[j][0] = _mm256_fmadd_ps(a, b0, acc[j][0]);
+                        acc[j][1] = _mm256_fmadd_ps(a, b1, acc[j][1]);
+                    }
+                }
+                k += U;
+            }
+            for k in whole..t.kc {
+                let b = t.b.add(k * t.ldb);
+                let (b0, b1) = (load::<FULL>(b, m0), load::<FULL>(b.add(8), m1));
+                for (i, acc) in acc.iter_mut().enumerate().take(M) {
+                    let a = _mm256_broadcast_ss(&*t.a.add(i * t.lda + k));
+                    acc[0] = _mm256_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(a, b1, acc[1]);
+                }
+            }
+            for i in 0..M {
+                let mut v = acc[i];
+                for u in 1..U {
+                    let p = acc[u * M + i];
+                    v = [_mm256_add_ps(v[0], p[0]), _mm256_add_ps(v[1], p[1])];
+                }
+                let c = t.c.add(i * t.ldc);
+                store::<FULL>(c, m0, v[0]);
+                store::<FULL>(c.add(8), m1, v[1]);
             }
         }
     }

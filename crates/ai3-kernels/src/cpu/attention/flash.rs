@@ -8,7 +8,6 @@ use rayon::prelude::*;
 
 use super::{finish_scores, kv_head, lane_sum, prologue, Mask};
 use crate::alloc::{try_zeroed_vec, KernelResult};
-use crate::cpu::linear::packed;
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::cpu::scratch::with_scratch;
 use crate::float::as_f32;
@@ -29,15 +28,20 @@ pub fn scratch_len(p: &AttentionParams) -> usize {
 /// f32 elements each head running at once holds on CPUs with AVX-512: its
 /// keys packed for the register tiles, which every query block then reads.
 pub fn packed_keys_len(p: &AttentionParams) -> usize {
-    if packed::available() {
+    if tiles_available() {
         p.kv_len.div_ceil(NR) * NR * p.head_dim
     } else {
         0
     }
 }
 
-/// Keys per packed panel: the columns of a register tile.
-const NR: usize = packed::NR;
+/// Keys per packed panel: the columns of the AVX-512 register tile.
+const NR: usize = 32;
+
+/// Whether the keys are packed for the AVX-512 register tiles (f32 only).
+fn tiles_available() -> bool {
+    cfg!(target_arch = "x86_64") && crate::isa::avx512()
+}
 
 /// `output = softmax(q @ kᵀ * scale + mask) @ v` per head (see
 /// [`AttentionParams`]), tiled: tasks of [`BLOCK_Q`] query rows run in
@@ -65,7 +69,7 @@ pub fn attention<T: Float>(
             let vh = &v[kvh * lk * dv..][..lk * dv];
             // f32 with AVX-512: the keys packed once per head for the register tiles.
             let kp = match as_f32(kh) {
-                Some(k32) if packed::available() => Some(pack_keys(k32, lk, d)?),
+                Some(k32) if tiles_available() => Some(pack_keys(k32, lk, d)?),
                 _ => None,
             };
             head_out
@@ -225,6 +229,11 @@ mod tiles {
     use crate::cpu::tile::{avx512 as tile, Init, Tile};
     use tile::MR;
 
+    const _: () = assert!(
+        tile::NR == NR,
+        "the packed keys' panels are the tile's columns"
+    );
+
     /// `scores[rows x cols] = q[rows x d] @ kᵀ` for keys `j0..j0 + cols`
     /// (`j0` a multiple of [`NR`]), from the packed keys `kp`.
     ///
@@ -307,7 +316,7 @@ mod tiles {
     }
 }
 
-/// Without x86-64 there are no packed keys ([`packed::available`] is false),
+/// Without x86-64 there are no packed keys ([`tiles_available`] is false),
 /// so these are never called.
 #[cfg(not(target_arch = "x86_64"))]
 mod tiles {

@@ -1,16 +1,19 @@
-//! f32 linear layers on AVX-512 with the weight packed once, when the layer
-//! is built: panels of [`NR`] output features, each stored `[in_features][NR]`,
-//! so the micro-kernel reads one contiguous row of `NR` weights per step of
-//! the reduction and broadcasts one input value per row against it.
+//! f32 linear layers with the weight packed once, when the layer is built:
+//! panels of `nr` output features (the register tile's columns: 32 on
+//! AVX-512, 16 on AVX2), each stored `[in_features][nr]`, so the
+//! micro-kernel reads one contiguous row of `nr` weights per step of the
+//! reduction and broadcasts one input value per row against it.
 //!
-//! The micro-kernel ([`crate::cpu::tile`]) holds a `12 x NR` block of the
-//! output in registers (24 of the 32 vector registers). Tasks are blocks of rows times groups of
-//! panels; within a task the reduction runs in blocks of [`KC`], so that one
-//! panel's block stays in L1 while every row block of the task passes over
-//! it, and the rows' block stays in L2 across panels.
+//! The micro-kernel ([`crate::cpu::tile`]) holds an `mr x nr` block of the
+//! output in registers. Tasks are blocks of rows times groups of panels;
+//! within a task the reduction runs in blocks of [`KC`], so that one panel's
+//! block stays in L1 while every row block of the task passes over it, and
+//! the rows' block stays in L2 across panels. Packing once matters most for
+//! few rows (a batch of images through a classifier): the product then
+//! streams its weight, and a GEMM that packs per call reads it three times.
 
-// The packed AVX-512 path exists on x86-64 only; elsewhere the layer is
-// never packed and only the portable entry points are used.
+// The packed path exists on x86-64 only; elsewhere the layer is never packed
+// and only the portable entry points are used.
 #![cfg_attr(not(target_arch = "x86_64"), allow(unused, clippy::needless_return))]
 
 use rayon::prelude::*;
@@ -18,12 +21,13 @@ use rayon::prelude::*;
 use crate::alloc::{try_zeroed_vec, KernelResult};
 use crate::params::LinearParams;
 
-/// Output features per panel: the columns of one register tile.
-pub const NR: usize = 32;
-/// Rows per task (a multiple of the tile's 12 rows).
+/// Rows per task (a multiple of every tile's rows: 12 and 6).
 const MB: usize = 96;
 /// Reduction length per pass.
 const KC: usize = 256;
+/// Bytes of the output one task accumulates across the reduction blocks
+/// (kept in L2: 512x768 -> 3072 on AVX2 ran 10% slower with whole rows).
+const OUT_BLOCK_BYTES: usize = 192 << 10;
 
 /// A weight `[out_features, in_features]` packed into panels, with its bias
 /// padded to whole panels.
@@ -33,33 +37,35 @@ pub struct PackedWeight {
     bias: Option<Vec<f32>>,
     in_features: usize,
     out_features: usize,
+    /// Output features per panel: the columns of the tile that runs it.
+    nr: usize,
 }
 
 impl PackedWeight {
     /// Packs `weight` (`[out_features, in_features]`, PyTorch's layout) and
-    /// `bias`; `None` when the CPU lacks AVX-512, where this kernel cannot run.
-    /// A refused allocation is an error.
+    /// `bias` for this process's register tile; `None` on the portable ISA
+    /// level, where this kernel cannot run. A refused allocation is an error.
     pub fn new(
         weight: &[f32],
         bias: Option<&[f32]>,
         out_features: usize,
         in_features: usize,
     ) -> KernelResult<Option<Self>> {
-        if !available() {
+        let Some(nr) = tile_columns() else {
             return Ok(None);
-        }
-        let panels = out_features.div_ceil(NR);
-        let mut data: Vec<f32> = try_zeroed_vec(panels * in_features * NR, "packed weight")?;
+        };
+        let panels = out_features.div_ceil(nr);
+        let mut data: Vec<f32> = try_zeroed_vec(panels * in_features * nr, "packed weight")?;
         for (j, row) in weight.chunks_exact(in_features.max(1)).enumerate() {
-            let (panel, lane) = (j / NR, j % NR);
-            let base = panel * in_features * NR + lane;
+            let (panel, lane) = (j / nr, j % nr);
+            let base = panel * in_features * nr + lane;
             for (k, &v) in row.iter().enumerate().take(in_features) {
-                data[base + k * NR] = v;
+                data[base + k * nr] = v;
             }
         }
         let bias = match bias {
             Some(b) => {
-                let mut padded: Vec<f32> = try_zeroed_vec(panels * NR, "packed bias")?;
+                let mut padded: Vec<f32> = try_zeroed_vec(panels * nr, "packed bias")?;
                 padded[..b.len()].copy_from_slice(b);
                 Some(padded)
             }
@@ -70,6 +76,7 @@ impl PackedWeight {
             bias,
             in_features,
             out_features,
+            nr,
         }))
     }
 
@@ -79,15 +86,29 @@ impl PackedWeight {
     }
 }
 
-/// Whether this CPU runs the packed kernel.
+/// Whether this process runs the packed kernel (AVX-512 or AVX2+FMA).
 pub fn available() -> bool {
+    tile_columns().is_some()
+}
+
+/// Whether the packed kernel is the faster way to run `rows` rows. On
+/// AVX-512 it always is. On AVX2 it is for up to one task's rows ([`MB`]),
+/// where the weight streams through once (10 x 9216 -> 4096: 0.35x the
+/// gemm crate's time, one row 1.0x); from two row blocks on the gemm crate,
+/// which packs the input too, is faster (144 x 768 -> 3072: 0.8x ours).
+pub fn suits(rows: usize) -> bool {
+    available() && (crate::isa::avx512() || rows <= MB)
+}
+
+/// The columns of this process's register tile, `None` without one.
+fn tile_columns() -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        crate::isa::avx512()
+        crate::cpu::tile::Kernel::get().map(|k| k.nr)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        None
     }
 }
 
@@ -118,35 +139,41 @@ pub fn linear(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        assert!(available(), "packed linear needs AVX-512");
-        avx512::run(p, x, w, out, epilogue);
+        let kernel = crate::cpu::tile::Kernel::get()
+            .filter(|k| k.nr == w.nr)
+            .expect("packed linear: the weight was packed for this process's tile");
+        tiled::run(p, x, w, kernel, out, epilogue);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod tiled {
     use super::*;
     use crate::cpu::conv2d::SharedMut;
-    use crate::cpu::tile::{avx512 as tile, Init, Tile};
-    use tile::MR;
+    use crate::cpu::tile::{Init, Kernel, Tile};
 
     pub(super) fn run(
         p: &LinearParams,
         x: &[f32],
         w: &PackedWeight,
+        kernel: Kernel,
         out: &mut [f32],
         epilogue: Option<Epilogue>,
     ) {
-        let (rows, nf) = (p.rows, p.out_features);
-        let panels = nf.div_ceil(NR);
+        let (rows, nf, nr) = (p.rows, p.out_features, w.nr);
+        let panels = nf.div_ceil(nr);
         let row_tasks = rows.div_ceil(MB);
         // Enough tasks to balance the threads: few rows split the panels too.
         let want = 4 * rayon::current_num_threads();
-        let groups = if row_tasks >= want {
+        let balance = if row_tasks >= want {
             1
         } else {
             want.div_ceil(row_tasks).min(panels)
         };
+        // A task's block of the output is loaded and stored once per
+        // reduction block: it must stay in L2 across them.
+        let fit = (OUT_BLOCK_BYTES / (MB.min(rows) * nr * 4)).max(1);
+        let groups = balance.max(panels.div_ceil(fit));
         let per_group = panels.div_ceil(groups);
         let groups = panels.div_ceil(per_group);
         let out_ptr = &SharedMut(out.as_mut_ptr());
@@ -156,12 +183,12 @@ mod avx512 {
             let r1 = (r0 + MB).min(rows);
             let q0 = g * per_group;
             let q1 = (q0 + per_group).min(panels);
-            // SAFETY: avx512f is available (checked by the caller); task t
-            // writes only rows r0..r1 of panels q0..q1, which no other task
-            // writes; every index is inside the checked buffers.
-            unsafe { task(p, x, w, out_ptr.0, r0, r1, q0, q1) };
+            // SAFETY: the kernel is this process's (checked by the caller);
+            // task t writes only rows r0..r1 of panels q0..q1, which no other
+            // task writes; every index is inside the checked buffers.
+            unsafe { task(p, x, w, kernel, out_ptr.0, r0..r1, q0..q1) };
             if let Some(f) = epilogue {
-                let (c0, c1) = (q0 * NR, (q1 * NR).min(nf));
+                let (c0, c1) = (q0 * nr, (q1 * nr).min(nf));
                 for i in r0..r1 {
                     // SAFETY: the task's own finished block, as above.
                     let row = unsafe {
@@ -173,48 +200,54 @@ mod avx512 {
         });
     }
 
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
+    /// Rows `rows` of panels `panels` of the output.
+    ///
+    /// # Safety
+    /// The CPU runs `kernel`; the ranges lie inside the checked buffers.
     unsafe fn task(
         p: &LinearParams,
         x: &[f32],
         w: &PackedWeight,
+        kernel: Kernel,
         out: *mut f32,
-        r0: usize,
-        r1: usize,
-        q0: usize,
-        q1: usize,
+        rows: std::ops::Range<usize>,
+        panels: std::ops::Range<usize>,
     ) {
-        let (kf, nf) = (p.in_features, p.out_features);
+        let (kf, nf, nr) = (p.in_features, p.out_features, w.nr);
+        let (r0, r1) = (rows.start, rows.end);
+        // The reduction is blocked so that a panel's block serves every
+        // tile of rows from L1; rows of one tile read each panel once, as
+        // one sequential stream.
+        let block = if r1 - r0 <= kernel.mr { kf } else { KC };
         let mut k0 = 0;
         while k0 < kf {
-            let kc = KC.min(kf - k0);
-            for q in q0..q1 {
-                // SAFETY (whole block): the panel holds kf * NR values from
-                // q * kf * NR; rows i..i+m of x and out exist.
+            let kc = block.min(kf - k0);
+            for q in panels.clone() {
+                // SAFETY (whole block): the panel holds kf * nr values from
+                // q * kf * nr; rows i..i+m of x and out exist.
                 let init = if k0 > 0 {
                     Init::Load
                 } else {
                     match &w.bias {
-                        Some(bias) => Init::Row(unsafe { bias.as_ptr().add(q * NR) }),
+                        Some(bias) => Init::Row(unsafe { bias.as_ptr().add(q * nr) }),
                         None => Init::Zero,
                     }
                 };
                 let mut t = Tile {
                     a: unsafe { x.as_ptr().add(r0 * kf + k0) },
                     lda: kf,
-                    b: unsafe { w.data.as_ptr().add(q * kf * NR + k0 * NR) },
-                    ldb: NR,
+                    b: unsafe { w.data.as_ptr().add(q * kf * nr + k0 * nr) },
+                    ldb: nr,
                     kc,
-                    c: unsafe { out.add(r0 * nf + q * NR) },
+                    c: unsafe { out.add(r0 * nf + q * nr) },
                     ldc: nf,
-                    n: NR.min(nf - q * NR),
+                    n: nr.min(nf - q * nr),
                     init,
                 };
                 let mut i = r0;
                 while i < r1 {
-                    let m = MR.min(r1 - i);
-                    unsafe { tile::run(m, &t) };
+                    let m = kernel.mr.min(r1 - i);
+                    unsafe { (kernel.run)(m, &t) };
                     t.a = unsafe { t.a.add(m * kf) };
                     t.c = unsafe { t.c.add(m * nf) };
                     i += m;
