@@ -242,3 +242,36 @@ def test_an_unbatched_input_runs_nchw():
     assert_close(model(batched), reference(net, batched))
     if BLOCKED:
         assert "NCHW8c" in layouts(model, tuple(batched.shape)).values()
+
+
+@pytest.mark.parametrize("hw", [28, 56])
+def test_resnet_bottlenecks_run_their_1x1_layers_blocked(hw):
+    # ResNet-50's bottlenecks on its 28x28 and 56x56 planes: the 1x1 layers
+    # and the residual adds run blocked, each 3x3 layer NCHW between them
+    # (four blocks in a row, as in ResNet-50's stages: the reorders around
+    # each 3x3 layer and at the ends cost less than the 1x1 layers save).
+    from torchvision.models.resnet import Bottleneck
+
+    torch.manual_seed(0)
+    net = nn.Sequential(*(Bottleneck(64, 16) for _ in range(4))).eval()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(1, 64, hw, hw)
+    want = reference(net, x)
+    model = ai3.convert(net, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), want)
+    rows = model.summary(tuple(x.shape))
+    layout = {r["name"]: r["layout"] for r in rows if r["op"].startswith("conv2d")}
+    if BLOCKED:
+        # Each block's expansion with its residual add runs blocked, each 3x3
+        # layer NCHW; a reduction runs blocked once its input is.
+        assert {layout[f"{i}.conv3"] for i in range(4)} == {"NCHW8c"}, rows
+        assert {layout[f"{i}.conv2"] for i in range(4)} == {"NCHW"}, rows
+        assert {layout[f"{i}.conv1"] for i in range(1, 4)} == {"NCHW8c"}, rows
+    else:
+        assert set(layout.values()) == {"NCHW"}, rows
+    model.blocked_layouts = False
+    assert_close(model(x), want)
