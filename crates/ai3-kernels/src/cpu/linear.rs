@@ -127,7 +127,7 @@ const BLOCKS_PER_THREAD: usize = 4;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::test_util::{assert_close, cast, Rng};
+    use crate::cpu::test_util::{assert_close, cast, on_two_threads, Rng};
 
     fn naive(p: &LinearParams, x: &[f64], w: &[f64], b: Option<&[f64]>) -> Vec<f64> {
         let mut out = vec![0.0; p.rows * p.out_features];
@@ -195,12 +195,8 @@ mod tests {
             (9, 300, 130),
         ];
         // Two threads, as the shared path needs, whatever this machine has.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        each_case(1, &cases, |p, x, w, b, want, what| {
-            pool.install(|| {
+        on_two_threads(|| {
+            each_case(1, &cases, |p, x, w, b, want, what| {
                 let mut out = vec![f64::NAN; want.len()];
                 gemm(p, x, w, b, &mut out).unwrap();
                 assert_close(&out, want, 1e-12, what);
@@ -237,12 +233,8 @@ mod tests {
             (1, 3, 16),
             (2, 7, 9),
         ];
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        each_case(2, &cases, |p, x, w, b, want, what| {
-            pool.install(|| {
+        on_two_threads(|| {
+            each_case(2, &cases, |p, x, w, b, want, what| {
                 let (out_f, in_f) = (p.out_features, p.in_features);
                 let b32 = b.map(cast::<f32>);
                 let packed = packed::PackedWeight::new(&cast(w), b32.as_deref(), out_f, in_f)
