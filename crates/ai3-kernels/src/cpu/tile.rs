@@ -264,6 +264,7 @@ pub(crate) mod avx2 {
         // SAFETY (whole function): see `run`; unless FULL, masked loads and
         // stores never touch the lanes past `n`.
         unsafe {
+            const { assert!(M * U <= 4, "four accumulator pairs") };
             let [m0, m1] = lane_masks(t.n);
             let mut acc = [[_mm256_setzero_ps(); 2]; 4];
             for (i, acc) in acc.iter_mut().enumerate().take(M) {
