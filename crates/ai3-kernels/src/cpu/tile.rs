@@ -268,15 +268,7 @@ pub(crate) mod avx2 {
             let [m0, m1] = lane_masks(t.n);
             let mut acc = [[_mm256_setzero_ps(); 2]; 4];
             for (i, acc) in acc.iter_mut().enumerate().take(M) {
-                *acc = match t.init {
-                    Init::Zero => *acc,
-                    Init::Row(row) => [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))],
-                    Init::PerRow(col) => [_mm256_set1_ps(*col.add(i)); 2],
-                    Init::Load => {
-                        let c = t.c.add(i * t.ldc);
-                        [load::<FULL>(c, m0), load::<FULL>(c.add(8), m1)]
-                    }
-                };
+                *acc = start::<FULL>(t, i, [m0, m1]);
             }
             // Accumulator set j = u * M + i: part u of row i.
             let whole = t.kc / U * U;
@@ -309,10 +301,44 @@ pub(crate) mod avx2 {
                     let p = acc[u * M + i];
                     v = [_mm256_add_ps(v[0], p[0]), _mm256_add_ps(v[1], p[1])];
                 }
-                let c = t.c.add(i * t.ldc);
-                store::<FULL>(c, m0, v[0]);
-                store::<FULL>(c.add(8), m1, v[1]);
+                finish::<FULL>(t, i, [m0, m1], v);
             }
+        }
+    }
+
+    /// Where row `i` of `t`'s sums starts (see [`Init`]).
+    ///
+    /// # Safety
+    /// As [`run`], for row `i`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn start<const FULL: bool>(t: &Tile, i: usize, [m0, m1]: [__m256i; 2]) -> [__m256; 2] {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            match t.init {
+                Init::Zero => [_mm256_setzero_ps(); 2],
+                Init::Row(row) => [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))],
+                Init::PerRow(col) => [_mm256_set1_ps(*col.add(i)); 2],
+                Init::Load => {
+                    let c = t.c.add(i * t.ldc);
+                    [load::<FULL>(c, m0), load::<FULL>(c.add(8), m1)]
+                }
+            }
+        }
+    }
+
+    /// Stores row `i` of `t`'s sums.
+    ///
+    /// # Safety
+    /// As [`run`], for row `i`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn finish<const FULL: bool>(t: &Tile, i: usize, [m0, m1]: [__m256i; 2], v: [__m256; 2]) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            let c = t.c.add(i * t.ldc);
+            store::<FULL>(c, m0, v[0]);
+            store::<FULL>(c.add(8), m1, v[1]);
         }
     }
 
@@ -350,15 +376,7 @@ pub(crate) mod avx2 {
         // SAFETY (whole function): see `run`.
         unsafe {
             let [m0, m1] = lane_masks(t.n);
-            let mut acc: [[__m256; 2]; M] = match t.init {
-                Init::Zero => [[_mm256_setzero_ps(); 2]; M],
-                Init::Row(row) => [[_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))]; M],
-                Init::PerRow(col) => std::array::from_fn(|i| [_mm256_set1_ps(*col.add(i)); 2]),
-                Init::Load => std::array::from_fn(|i| {
-                    let c = t.c.add(i * t.ldc);
-                    [load::<FULL>(c, m0), load::<FULL>(c.add(8), m1)]
-                }),
-            };
+            let mut acc: [[__m256; 2]; M] = std::array::from_fn(|i| start::<FULL>(t, i, [m0, m1]));
             let rows: [*const f32; M] = std::array::from_fn(|i| t.a.add(i * t.lda));
             for k in 0..t.kc {
                 let b = t.b.add(k * t.ldb);
@@ -370,10 +388,8 @@ pub(crate) mod avx2 {
                     acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
                 }
             }
-            for (i, v) in acc.iter().enumerate() {
-                let c = t.c.add(i * t.ldc);
-                store::<FULL>(c, m0, v[0]);
-                store::<FULL>(c.add(8), m1, v[1]);
+            for (i, v) in acc.into_iter().enumerate() {
+                finish::<FULL>(t, i, [m0, m1], v);
             }
         }
     }
