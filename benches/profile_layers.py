@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,17 +47,10 @@ def _ai3(name: str, batch: int, threads: int, repeat: int) -> dict:
         i, o = (r["input_shapes"][0] if r["input_shapes"] else []), r["output_shape"]
         if r["op"] == "linear" and len(i) > 2:
             # As ONNX Runtime runs it: one 2-D product over the leading dimensions.
-            i, o = [_rows(i), i[-1]], [_rows(o), o[-1]]
+            i, o = [math.prod(i[:-1]), i[-1]], [math.prod(o[:-1]), o[-1]]
         what = f"{r['op']} {r['algorithm']}" + (f"+{r['fused']}" if r["fused"] else "")
         nodes.append({"in": i, "out": o, "what": what, "ms": r["ms"]})
     return {"total_ms": total, "nodes": nodes}
-
-
-def _rows(shape: list[int]) -> int:
-    n = 1
-    for d in shape[:-1]:
-        n *= d
-    return n
 
 
 def _ort(name: str, batch: int, threads: int, repeat: int, onnx_path: str) -> dict:
