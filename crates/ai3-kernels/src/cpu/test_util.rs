@@ -86,6 +86,23 @@ pub fn reference_conv(
     out
 }
 
+/// `[batch][channels][plane]` rewritten channels last, `[batch][plane][channels]`,
+/// or back from it with `back`.
+pub fn channels_last<T: Copy>(src: &[T], channels: usize, plane: usize, back: bool) -> Vec<T> {
+    let mut dst = src.to_vec();
+    let image = channels * plane;
+    for (n, img) in src.chunks_exact(image.max(1)).enumerate() {
+        for c in 0..channels {
+            for q in 0..plane {
+                let (nchw, nhwc) = (c * plane + q, q * channels + c);
+                let (from, to) = if back { (nhwc, nchw) } else { (nchw, nhwc) };
+                dst[n * image + to] = img[from];
+            }
+        }
+    }
+    dst
+}
+
 /// Asserts `got` matches `want` within `rel` of the largest magnitude in `want`.
 pub fn assert_close<T: Float>(got: &[T], want: &[f64], rel: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");

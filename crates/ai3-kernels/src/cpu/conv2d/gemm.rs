@@ -13,7 +13,7 @@ use gemm::Parallelism;
 use super::{for_each_image_group, valid_range, with_scratch, SharedMut};
 use crate::alloc::{check_len, KernelResult};
 use crate::cpu::matmul::{matmul, MatPtr};
-use crate::params::Conv2dParams;
+use crate::params::{Conv2dParams, LinearParams};
 use crate::Float;
 
 /// Elements of the unrolled column block one GEMM call consumes (about 1 MiB
@@ -269,11 +269,172 @@ fn strided_copy<T: Float, const S: usize>(dst: &mut [T], src: &[T]) {
     *last = src[body.len() * S];
 }
 
+/// Whether [`conv2d_nhwc`] takes `p`: one group, no padding, no dilation,
+/// and a stride equal to the kernel, so the windows are disjoint patches
+/// (ConvNeXt's downsampling layers, a vision transformer's patch
+/// embedding, 1x1 layers of stride 1).
+pub fn applies_nhwc(p: &Conv2dParams) -> bool {
+    p.groups == 1
+        && p.stride == (p.kernel_h, p.kernel_w)
+        && p.dilation == (1, 1)
+        && p.padding == Default::default()
+}
+
+/// Writes PyTorch's weight (`[out][in][kh][kw]`) as [`conv2d_nhwc`]
+/// reads it, `[out][kh][kw][in]`: the order of a patch's elements in
+/// channels-last input.
+pub fn nhwc_weight<T: Float>(p: &Conv2dParams, weight: &[T], out: &mut [T]) -> KernelResult<()> {
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    check_len("channels-last conv2d weight", out.len(), p.weight_len())?;
+    let (ic, taps) = (p.in_channels, p.kernel_h * p.kernel_w);
+    for (src, dst) in weight
+        .chunks_exact(ic * taps)
+        .zip(out.chunks_exact_mut(ic * taps))
+    {
+        for (c, taps_c) in src.chunks_exact(taps).enumerate() {
+            for (t, &v) in taps_c.iter().enumerate() {
+                dst[t * ic + c] = v;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Convolution of channels-last (NHWC) input into channels-last output
+/// over disjoint patches ([`applies_nhwc`]): each output pixel is its
+/// patch's `kh` rows of `kw * in` consecutive input elements times the
+/// weight, so the patches are copied into a `[pixels, kh * kw * in]` matrix
+/// (with no copy at all for a 1x1 kernel) and multiplied as a linear layer
+/// by `weight` from [`nhwc_weight`], straight into the NHWC output.
+///
+/// Fails, before writing anything, when a buffer has the wrong length or
+/// `p` has overlapping windows; a refused scratch allocation fails the call.
+pub fn conv2d_nhwc<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
+    check_len("channels-last conv2d weight", weight.len(), p.weight_len())?;
+    if !applies_nhwc(p) {
+        return Err(crate::KernelError::Precondition {
+            what: "the channels-last GEMM convolution needs one group, no padding, no dilation and a stride equal to the kernel",
+        });
+    }
+    let (oh, ow) = (p.out_h(), p.out_w());
+    let row = p.kernel_w * p.in_channels;
+    let lin = LinearParams {
+        rows: p.batch * oh * ow,
+        in_features: p.kernel_h * row,
+        out_features: p.out_channels,
+    };
+    if p.kernel_h == 1 && p.kernel_w == 1 {
+        return crate::cpu::linear::gemm(&lin, input, weight, bias, output);
+    }
+    let width = ow * lin.in_features;
+    with_scratch::<T, _>(lin.rows * lin.in_features, |patches| {
+        // One task per output row: its patches' kernel rows, `row`
+        // consecutive elements each.
+        patches
+            .par_chunks_mut(width)
+            .with_min_len(COL_BLOCK_ELEMENTS.div_ceil(width.max(1)))
+            .enumerate()
+            .for_each(|(r, dst)| {
+                let (n, y) = (r / oh, r % oh);
+                for ky in 0..p.kernel_h {
+                    let src =
+                        &input[((n * p.in_h + y * p.kernel_h + ky) * p.in_w) * p.in_channels..];
+                    for x in 0..ow {
+                        dst[x * lin.in_features + ky * row..][..row]
+                            .copy_from_slice(&src[x * row..][..row]);
+                    }
+                }
+            });
+        crate::cpu::linear::gemm(&lin, patches, weight, bias, output)
+    })?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::test_util::{assert_close, cast, check_conv_algorithm, reference_conv, Rng};
+    use crate::cpu::test_util::{
+        assert_close, cast, channels_last, check_conv_algorithm, reference_conv, Rng,
+    };
     use crate::params::Padding2d;
+
+    /// Channels-last patches against the reference on NCHW values:
+    /// ConvNeXt's 2x2 downsampling and 4x4 stem, planes the patches do not
+    /// tile (leftover rows and columns), a rectangular patch, 1x1, in f32
+    /// and f64, on this thread and on two.
+    #[test]
+    fn nhwc_patches_match_reference() {
+        let case =
+            |(kh, kw): (usize, usize), (h, w): (usize, usize), c: usize, oc: usize| Conv2dParams {
+                batch: 2,
+                in_channels: c,
+                in_h: h,
+                in_w: w,
+                out_channels: oc,
+                kernel_h: kh,
+                kernel_w: kw,
+                stride: (kh, kw),
+                padding: Padding2d::default(),
+                dilation: (1, 1),
+                groups: 1,
+            };
+        let cases = [
+            case((2, 2), (8, 8), 16, 24),
+            case((4, 4), (18, 17), 3, 8),
+            case((3, 1), (10, 7), 5, 7),
+            case((1, 1), (5, 6), 9, 4),
+            case((2, 2), (3, 3), 4, 6),
+        ];
+        let run = || {
+            let mut rng = Rng::new(5);
+            for p in &cases {
+                assert!(applies_nhwc(p), "{p:?}");
+                let x = rng.vec(p.input_len());
+                let w = rng.vec(p.weight_len());
+                let b = rng.vec(p.out_channels);
+                let want = reference_conv(p, &x, &w, Some(&b));
+                let (plane_in, plane_out) = (p.in_h * p.in_w, p.out_h() * p.out_w());
+                let want = channels_last(&want, p.out_channels, plane_out, false);
+                let x = channels_last(&x, p.in_channels, plane_in, false);
+                fn go<T: Float>(p: &Conv2dParams, x: &[f64], w: &[f64], b: &[f64]) -> Vec<T> {
+                    let mut wt = vec![T::zero(); p.weight_len()];
+                    nhwc_weight(p, &cast::<T>(w), &mut wt).unwrap();
+                    let mut out = vec![T::nan(); p.output_len()];
+                    conv2d_nhwc(p, &cast::<T>(x), &wt, Some(&cast::<T>(b)), &mut out).unwrap();
+                    out
+                }
+                assert_close(
+                    &go::<f32>(p, &x, &w, &b),
+                    &want,
+                    1e-5,
+                    &format!("{p:?} f32"),
+                );
+                assert_close(
+                    &go::<f64>(p, &x, &w, &b),
+                    &want,
+                    1e-12,
+                    &format!("{p:?} f64"),
+                );
+            }
+        };
+        run();
+        crate::cpu::test_util::on_two_threads(run);
+        // Overlapping windows are refused.
+        let p = Conv2dParams {
+            stride: (1, 1),
+            ..cases[0]
+        };
+        assert!(!applies_nhwc(&p));
+        let (x, w) = (vec![0f32; p.input_len()], vec![0f32; p.weight_len()]);
+        let mut out = vec![0f32; p.output_len()];
+        assert!(conv2d_nhwc(&p, &x, &w, None, &mut out).is_err());
+    }
 
     #[test]
     fn gemm_matches_reference() {

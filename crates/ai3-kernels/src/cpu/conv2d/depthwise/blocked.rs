@@ -30,12 +30,27 @@ use crate::cpu::blocked::BLOCK as CB;
 use crate::cpu::scratch::with_scratch;
 use crate::params::Conv2dParams;
 
-/// The layout of a call's input and output: both NCHW, or both in the
-/// channel-blocked layout (see [`crate::cpu::blocked`]; multiplier 1 only).
+/// The layout of a call's input and output: both NCHW, both in the
+/// channel-blocked layout (see [`crate::cpu::blocked`]), or both NHWC
+/// (channels last, a whole number of blocks of channels); the last two with
+/// multiplier 1 only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Io {
     Nchw,
     Blocked,
+    Nhwc,
+}
+
+impl Io {
+    /// Elements between consecutive pixels of one channel block, in the
+    /// input and output (`None` for NCHW, whose planes are transposed).
+    fn pixel_stride(self, channels: usize) -> Option<usize> {
+        match self {
+            Io::Nchw => None,
+            Io::Blocked => Some(CB),
+            Io::Nhwc => Some(channels),
+        }
+    }
 }
 
 /// Output pixels accumulated in registers at once (`R` vectors of `CB`).
@@ -110,10 +125,14 @@ pub(super) fn conv2d(
         available(),
         "blocked depthwise convolution needs AVX2 and FMA"
     );
+    assert!(
+        io != Io::Nhwc || (p.out_channels.is_multiple_of(CB) && epilogue.is_none()),
+        "NHWC depthwise convolution takes whole channel blocks and no epilogue"
+    );
     let plane_out = p.out_h() * p.out_w();
     let blocks = p.out_channels.div_ceil(CB);
     let image_out = match io {
-        Io::Nchw => p.out_channels * plane_out,
+        Io::Nchw | Io::Nhwc => p.out_channels * plane_out,
         Io::Blocked => blocks * CB * plane_out,
     };
     if plane_out == 0 || p.batch == 0 {
@@ -127,7 +146,16 @@ pub(super) fn conv2d(
     let scratch_len = ALIGN + geo.buf_len + (ntaps + 1) * CB;
     let plane_in = p.in_h * p.in_w;
     let mult = p.out_channels_per_group();
-    let task = |scratch: &mut [f32], n: usize, ob: usize, out: &mut [f32]| {
+    let pixels = io.pixel_stride(p.out_channels);
+    // Where the task of image `n`, block `ob` writes: the block's planes
+    // (NCHW, blocked), or its lanes of the image's first pixel (NHWC).
+    let region = |n: usize, ob: usize| match io {
+        Io::Nhwc => n * image_out + ob * CB,
+        _ => n * image_out + ob * CB * plane_out,
+    };
+    // SAFETY (of every call): `out` is `output` advanced to `region(n, ob)`;
+    // the task writes only its block's elements there.
+    let task = |scratch: &mut [f32], n: usize, ob: usize, out: *mut f32| {
         let skip = scratch.as_ptr().align_offset(64).min(ALIGN);
         let (buf, wb) = scratch[skip..].split_at_mut(geo.buf_len);
         let (wb, bb) = wb.split_at_mut(ntaps * CB);
@@ -150,7 +178,8 @@ pub(super) fn conv2d(
                 _ => 0.0,
             };
         }
-        match io {
+        // The block's first input pixel and the distance between its pixels.
+        let src = match io {
             Io::Nchw => {
                 // Lanes past `valid` read the last channel's plane again.
                 let srcs: [&[f32]; CB] = std::array::from_fn(|l| {
@@ -160,49 +189,65 @@ pub(super) fn conv2d(
                 // SAFETY: the CPU has AVX2 and FMA (asserted); `buf` has
                 // `geo.buf_len` elements, each source is one input plane.
                 unsafe { pack(p, geo.pw, &srcs, buf) };
+                None
             }
-            Io::Blocked => {
-                let src = &input[(n * blocks + ob) * plane_in * CB..][..plane_in * CB];
-                if p.in_w >= DIRECT_MIN_WIDTH {
-                    // SAFETY: AVX2 and FMA (asserted); `src` is the block's
-                    // input, `out` its output, `wb` and `bb` as below.
-                    unsafe { compute_direct(p, src, wb, bb, out) };
-                    if let Some(e) = epilogue {
-                        e(n * image_out + ob * CB * plane_out, out);
-                    }
-                    return;
+            Io::Blocked => Some((
+                &input[(n * blocks + ob) * plane_in * CB..][..plane_in * CB],
+                CB,
+            )),
+            Io::Nhwc => {
+                let image = &input[n * plane_in * p.in_channels..][..plane_in * p.in_channels];
+                Some((&image[c0..], p.in_channels))
+            }
+        };
+        if let Some((src, stride)) = src {
+            if p.in_w >= DIRECT_MIN_WIDTH {
+                // SAFETY: AVX2 and FMA (asserted); `src` holds the block's
+                // `in_h * in_w` pixels `stride` apart, `out` its output
+                // pixels as far apart, `wb` and `bb` as below.
+                unsafe { compute_direct(p, src, stride, wb, bb, out) };
+                if let Some(e) = epilogue {
+                    // SAFETY: blocked (NHWC has no epilogue): the block's
+                    // planes are `CB * plane_out` elements from `out`.
+                    e(region(n, ob), unsafe {
+                        std::slice::from_raw_parts_mut(out, CB * plane_out)
+                    });
                 }
-                pack_blocked(p, geo.pw, src, buf);
+                return;
             }
+            pack_pixels(p, geo.pw, src, stride, buf);
         }
         // SAFETY: AVX2 and FMA (asserted); `buf` is packed, `wb` and `bb`
         // hold a vector per tap and one, `out` `valid` planes (NCHW) or
-        // `plane_out` pixels of `CB` lanes (blocked).
-        unsafe { compute(p, geo, buf, wb, bb, out, valid, io) };
+        // `plane_out` pixels `pixels` apart.
+        unsafe { compute(p, geo, buf, wb, bb, out, valid, pixels) };
         if let Some(e) = epilogue {
-            e(n * image_out + ob * CB * plane_out, out);
+            let len = match io {
+                Io::Nchw => valid * plane_out,
+                _ => CB * plane_out,
+            };
+            // SAFETY: NCHW or blocked (NHWC has no epilogue): the block's
+            // planes are `len` elements from `out`.
+            e(region(n, ob), unsafe {
+                std::slice::from_raw_parts_mut(out, len)
+            });
         }
     };
-    let block = CB * plane_out;
     let tasks = p.batch * blocks;
+    let out = SharedMut(output.as_mut_ptr());
+    let out = &out;
     if threads_for_macs(p.macs().saturating_mul(MAC_COST)) > 1 && tasks > 1 {
-        let out = SharedMut(output.as_mut_ptr());
         (0..tasks)
             .into_par_iter()
-            .with_min_len(MIN_TASK_ELEMENTS.div_ceil(block))
+            .with_min_len(MIN_TASK_ELEMENTS.div_ceil(CB * plane_out))
             .try_for_each_init(
                 || try_zeroed_vec::<f32>(scratch_len, "depthwise channel block"),
                 |buf, t| {
-                    let out = &out;
                     let buf = buf.as_mut().map_err(|e| e.clone())?;
                     let (n, ob) = (t / blocks, t % blocks);
-                    let len = block.min(image_out - ob * block);
-                    // SAFETY: task t alone writes these elements of `output`:
-                    // the planes of block ob of image n.
-                    let out = unsafe {
-                        std::slice::from_raw_parts_mut(out.0.add(n * image_out + ob * block), len)
-                    };
-                    task(buf, n, ob, out);
+                    // SAFETY: task t alone writes the elements of block ob
+                    // of image n, from `region(n, ob)` (inside `output`).
+                    task(buf, n, ob, unsafe { out.0.add(region(n, ob)) });
                     Ok(())
                 },
             )
@@ -210,10 +255,10 @@ pub(super) fn conv2d(
         with_scratch::<f32, _>(scratch_len, |scratch| {
             // The padding positions must be zero; `pack` writes only the others.
             scratch[..ALIGN + geo.buf_len].fill(0.0);
-            for (n, img) in output.chunks_mut(image_out).enumerate() {
-                for (ob, out) in img.chunks_mut(block).enumerate() {
-                    task(scratch, n, ob, out);
-                }
+            for t in 0..tasks {
+                let (n, ob) = (t / blocks, t % blocks);
+                // SAFETY: as above, one task at a time.
+                task(scratch, n, ob, unsafe { out.0.add(region(n, ob)) });
             }
         })
     }
@@ -262,26 +307,34 @@ unsafe fn pack(p: &Conv2dParams, pw: usize, srcs: &[&[f32]; CB], buf: &mut [f32]
     }
 }
 
-/// Copies the blocked input planes `src` (`in_h * in_w` pixels of `CB`
-/// lanes) into the padded buffer, row by row; the padding positions are not
-/// written.
-fn pack_blocked(p: &Conv2dParams, pw: usize, src: &[f32], buf: &mut [f32]) {
+/// Copies the block's input pixels (`in_h * in_w` of them, `stride`
+/// elements apart in `src`, [`CB`] lanes each) into the padded buffer; the
+/// padding positions are not written.
+fn pack_pixels(p: &Conv2dParams, pw: usize, src: &[f32], stride: usize, buf: &mut [f32]) {
     let row = p.in_w * CB;
-    for (y, r) in src.chunks_exact(row).enumerate() {
-        buf[((p.padding.top + y) * pw + p.padding.left) * CB..][..row].copy_from_slice(r);
+    for y in 0..p.in_h {
+        let dst = &mut buf[((p.padding.top + y) * pw + p.padding.left) * CB..][..row];
+        if stride == CB {
+            dst.copy_from_slice(&src[y * row..][..row]);
+            continue;
+        }
+        for (x, d) in dst.chunks_exact_mut(CB).enumerate() {
+            d.copy_from_slice(&src[(y * p.in_w + x) * stride..][..CB]);
+        }
     }
 }
 
 /// `out[l][q] = bb[l] + sum over taps t of wb[t][l] * buf[base(q) + taps[t] + l]`
 /// for the first `valid` lanes, where `base(q)` is the buffer offset of the
 /// top-left input pixel of the window of flat output pixel `q`: [`R`]
-/// pixels in registers at a time, written through an 8x8 transpose (NCHW)
-/// or as they are (blocked, all `CB` lanes: `out[q][l]`).
+/// pixels in registers at a time, written through an 8x8 transpose to
+/// `valid` planes (`pixels` `None`: NCHW) or as they are, all `CB` lanes of
+/// pixel `q` at `out + q * pixels` (blocked, NHWC).
 ///
 /// # Safety
 /// AVX2 and FMA; `buf` packed for `p` (`geo.buf_len` elements), `wb`
-/// `taps * CB`, `bb` `CB`, `out` `valid * out_h * out_w` (NCHW) or
-/// `CB * out_h * out_w` (blocked), `1 <= valid <= CB`.
+/// `taps * CB`, `bb` `CB`; `out` valid for writes of `valid * out_h * out_w`
+/// elements (NCHW) or of `CB` at each pixel's place; `1 <= valid <= CB`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn compute(
@@ -290,13 +343,13 @@ unsafe fn compute(
     buf: &[f32],
     wb: &[f32],
     bb: &[f32],
-    out: &mut [f32],
+    out: *mut f32,
     valid: usize,
-    io: Io,
+    pixels: Option<usize>,
 ) {
     let (ow, plane_out) = (p.out_w(), p.out_h() * p.out_w());
     let (sh, sw) = p.stride;
-    let (bp, wp, op) = (buf.as_ptr(), wb.as_ptr(), out.as_mut_ptr());
+    let (bp, wp, op) = (buf.as_ptr(), wb.as_ptr(), out);
     // The flat output pixels walk the buffer: `pos` is the top-left of the
     // window of the next pixel, at output column `x`.
     let (mut x, mut pos) = (0, 0);
@@ -329,9 +382,9 @@ unsafe fn compute(
                     *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(bp.add(b + off)), *a);
                 }
             }
-            if io == Io::Blocked {
+            if let Some(stride) = pixels {
                 for (r, a) in acc.iter().take(n).enumerate() {
-                    _mm256_storeu_ps(op.add((q0 + r) * CB), *a);
+                    _mm256_storeu_ps(op.add((q0 + r) * stride), *a);
                 }
             } else if n == R && valid == CB {
                 store_transposed(acc, std::array::from_fn(|l| op.add(l * plane_out + q0)));
@@ -348,18 +401,27 @@ unsafe fn compute(
     }
 }
 
-/// The blocked output of one channel block straight from its blocked input
-/// `src` (`in_h * in_w` pixels of `CB` lanes), with no padded copy: taps
-/// outside the input are skipped. Each output row's interior (every tap's
+/// The output of one channel block straight from its input pixels `src`
+/// (`in_h * in_w` of them, `stride` elements apart, [`CB`] lanes each), with
+/// no padded copy: taps outside the input are skipped. The output pixels go
+/// as far apart from `out`. Each output row's interior (every tap's
 /// column inside the input) runs [`R`] pixels in registers at a time, the
 /// last group shifted back to end at the interior's end (it recomputes a
 /// few pixels, identically); border pixels run one at a time.
 ///
 /// # Safety
-/// AVX2 and FMA; `src` has `in_h * in_w * CB` elements, `wb` `taps * CB`,
-/// `bb` `CB`, `out` `out_h * out_w * CB`.
+/// AVX2 and FMA; `src` holds those pixels, `wb` `taps * CB`, `bb` `CB`,
+/// `out` is valid for writes of `CB` elements at each of the `out_h *
+/// out_w` pixels' places.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn compute_direct(p: &Conv2dParams, src: &[f32], wb: &[f32], bb: &[f32], out: &mut [f32]) {
+unsafe fn compute_direct(
+    p: &Conv2dParams,
+    src: &[f32],
+    stride: usize,
+    wb: &[f32],
+    bb: &[f32],
+    out: *mut f32,
+) {
     let (oh, ow) = (p.out_h(), p.out_w());
     let (sh, sw) = p.stride;
     let (dh, dw) = p.dilation;
@@ -374,14 +436,15 @@ unsafe fn compute_direct(p: &Conv2dParams, src: &[f32], wb: &[f32], bb: &[f32], 
     } else {
         (((in_w - 1 - reach + left) as usize) / sw + 1).clamp(x_lo, ow)
     };
-    let (sp, wp, op) = (src.as_ptr(), wb.as_ptr(), out.as_mut_ptr());
+    let (sp, wp, op) = (src.as_ptr(), wb.as_ptr(), out);
+    let ps = stride;
     // SAFETY (whole body): every load is of a pixel inside the input (rows
     // and columns checked, or interior), every store of a pixel of `out`.
     unsafe {
         let bias = _mm256_loadu_ps(bb.as_ptr());
         // The input row of tap row `ky` for output row `y` (inside the input).
         let row = |y: usize, ky: usize| {
-            sp.add(((y * sh + ky * dh) as isize - top) as usize * p.in_w * CB)
+            sp.add(((y * sh + ky * dh) as isize - top) as usize * p.in_w * ps)
         };
         let pixel = |x: usize, y: usize, kys: std::ops::Range<usize>| {
             let mut acc = bias;
@@ -390,7 +453,7 @@ unsafe fn compute_direct(p: &Conv2dParams, src: &[f32], wb: &[f32], bb: &[f32], 
                     let ix = (x * sw + kx * dw) as isize - left;
                     if ix >= 0 && ix < in_w {
                         let w = _mm256_loadu_ps(wp.add((ky * kw + kx) * CB));
-                        let v = _mm256_loadu_ps(row(y, ky).offset(ix * CB as isize));
+                        let v = _mm256_loadu_ps(row(y, ky).offset(ix * ps as isize));
                         acc = _mm256_fmadd_ps(w, v, acc);
                     }
                 }
@@ -407,13 +470,13 @@ unsafe fn compute_direct(p: &Conv2dParams, src: &[f32], wb: &[f32], bb: &[f32], 
                 ((in_h - y0) as usize).div_ceil(dh)
             };
             let kys = ky0.min(kh)..ky1.min(kh);
-            let orow = op.add(y * ow * CB);
+            let orow = op.add(y * ow * ps);
             for x in (0..x_lo).chain(x_hi..ow) {
-                _mm256_storeu_ps(orow.add(x * CB), pixel(x, y, kys.clone()));
+                _mm256_storeu_ps(orow.add(x * ps), pixel(x, y, kys.clone()));
             }
             if x_hi - x_lo < R {
                 for x in x_lo..x_hi {
-                    _mm256_storeu_ps(orow.add(x * CB), pixel(x, y, kys.clone()));
+                    _mm256_storeu_ps(orow.add(x * ps), pixel(x, y, kys.clone()));
                 }
                 continue;
             }
@@ -422,17 +485,17 @@ unsafe fn compute_direct(p: &Conv2dParams, src: &[f32], wb: &[f32], bb: &[f32], 
                 let mut acc = [bias; R];
                 for ky in kys.clone() {
                     // The first pixel's input column for tap 0, in elements.
-                    let base = row(y, ky).offset(((x0 * sw) as isize - left) * CB as isize);
+                    let base = row(y, ky).offset(((x0 * sw) as isize - left) * ps as isize);
                     for kx in 0..kw {
                         let w = _mm256_loadu_ps(wp.add((ky * kw + kx) * CB));
-                        let tap = base.add(kx * dw * CB);
+                        let tap = base.add(kx * dw * ps);
                         for (r, a) in acc.iter_mut().enumerate() {
-                            *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(tap.add(r * sw * CB)), *a);
+                            *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(tap.add(r * sw * ps)), *a);
                         }
                     }
                 }
                 for (r, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(orow.add((x0 + r) * CB), *a);
+                    _mm256_storeu_ps(orow.add((x0 + r) * ps), *a);
                 }
                 if x0 + R == x_hi {
                     break;

@@ -249,6 +249,39 @@ pub fn conv2d_blocked(
     }
 }
 
+/// Whether [`conv2d_nhwc`] takes `p`: [`applies_blocked`], with a whole
+/// number of channel blocks ([`crate::cpu::blocked::BLOCK`]), so each
+/// block's lanes are one vector of every pixel.
+pub fn applies_nhwc(p: &Conv2dParams) -> bool {
+    applies_blocked(p) && p.in_channels.is_multiple_of(crate::cpu::blocked::BLOCK)
+}
+
+/// Depthwise convolution of channels-last (NHWC) input into channels-last
+/// output: `input` is `[batch][in_h][in_w][channels]`, `output`
+/// `[batch][out_h][out_w][channels]`, `weight` and `bias` as for
+/// [`conv2d`]. Read in place, with no transposes: PyTorch hands
+/// channels-last activations to swapped layers (ConvNeXt's blocks). `p`
+/// must satisfy [`applies_nhwc`].
+pub fn conv2d_nhwc(
+    p: &Conv2dParams,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    output: &mut [f32],
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), bias.map(<[f32]>::len), output.len())?;
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    if !applies_nhwc(p) {
+        return Err(crate::KernelError::Precondition {
+            what: "the channels-last depthwise convolution needs one output channel per input channel, a multiple of 8 channels, a column stride of at most 4, AVX2 and FMA",
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    return blocked::conv2d(p, blocked::Io::Nhwc, input, weight, bias, output, None);
+    #[cfg(not(target_arch = "x86_64"))]
+    Ok(())
+}
+
 /// Whether f32 layers run on channel blocks ([`blocked`]) rather than plane
 /// by plane: with AVX2 and FMA, unless a test forces the planes.
 #[cfg(target_arch = "x86_64")]
@@ -419,6 +452,20 @@ mod tests {
                     }
                     check::<f64>(&p, 1e-12);
                     cases += 1;
+                    #[cfg(target_arch = "x86_64")]
+                    if mult == 1 {
+                        // Whole channel blocks, as channels-last input needs:
+                        // one block, and two.
+                        for c in [8, 16] {
+                            let p = Conv2dParams {
+                                in_channels: c,
+                                out_channels: c,
+                                groups: c,
+                                ..p
+                            };
+                            check_nhwc(&p);
+                        }
+                    }
                 }
             }
         }
@@ -498,6 +545,31 @@ mod tests {
         }
     }
 
+    /// The channels-last entry point against the NCHW one, both layouts
+    /// made by transposing.
+    #[cfg(target_arch = "x86_64")]
+    fn check_nhwc(p: &Conv2dParams) {
+        if !crate::cpu::blocked::available() {
+            // AI3_CPU_ISA rules the blocked kernels out: nothing runs them.
+            return;
+        }
+        let val = |i: usize| ((i * 7919) % 23) as f32 / 11.0 - 1.0;
+        let x: Vec<f32> = (0..p.input_len()).map(val).collect();
+        let w: Vec<f32> = (0..p.weight_len()).map(|i| val(i * 3 + 1)).collect();
+        let b: Vec<f32> = (0..p.out_channels).map(|i| val(i + 5)).collect();
+        let mut want = vec![0.0; p.output_len()];
+        direct::conv2d(p, &x, &w, Some(&b), &mut want).unwrap();
+        use crate::cpu::test_util::channels_last;
+        let (plane_in, plane_out) = (p.in_h * p.in_w, p.out_h() * p.out_w());
+        let xt = channels_last(&x, p.in_channels, plane_in, false);
+        let mut ot = vec![f32::NAN; p.output_len()];
+        conv2d_nhwc(p, &xt, &w, Some(&b), &mut ot).unwrap();
+        let got = channels_last(&ot, p.out_channels, plane_out, true);
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!((g - e).abs() <= 1e-5, "{p:?} at {i}: {g} vs {e}");
+        }
+    }
+
     #[test]
     fn refuses_what_is_not_depthwise_and_wrong_buffers() {
         let p = Conv2dParams {
@@ -519,5 +591,8 @@ mod tests {
         let p = Conv2dParams { groups: 4, ..p };
         let mut short = vec![0f32; 3];
         assert!(conv2d(&p, &x, &w[..36], None, &mut short, None).is_err());
+        // Channels last takes whole blocks of 8 channels only.
+        assert!(!applies_nhwc(&p));
+        assert!(conv2d_nhwc(&p, &x, &w[..36], None, &mut out).is_err());
     }
 }
