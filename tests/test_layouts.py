@@ -6,6 +6,7 @@ which nodes ran blocked and where values were reordered."""
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import subprocess
@@ -275,3 +276,109 @@ def test_resnet_bottlenecks_run_their_1x1_layers_blocked(hw):
         assert set(layout.values()) == {"NCHW"}, rows
     model.blocked_layouts = False
     assert_close(model(x), want)
+
+
+# ---- channels-last inputs ---------------------------------------------------------------
+#
+# PyTorch hands channels-last values (``torch.channels_last``) to layers, as
+# ConvNeXt's blocks do. A convolution whose kernel reads that layout (the
+# depthwise path of 'direct' on whole blocks of 8 f32 channels with AVX2, the
+# patches of 'gemm' when the windows do not overlap) reads it in place and
+# returns its output channels last; the others get a contiguous copy.
+
+
+def _conv(c, oc, k, dtype=torch.float32, **kw):
+    torch.manual_seed(0)
+    return nn.Conv2d(c, oc, k, **kw).to(dtype)
+
+
+#: (layer, input plane, whether its kernel reads channels-last input in place)
+CHANNELS_LAST = {
+    "depthwise7x7": (_conv(16, 16, 7, padding=3, groups=16), (9, 11), BLOCKED),
+    "depthwise_stride2_wide": (_conv(8, 8, 3, stride=2, padding=1, groups=8), (7, 60), BLOCKED),
+    "depthwise_no_bias": (_conv(24, 24, 5, padding=2, groups=24, bias=False), (6, 5), BLOCKED),
+    "depthwise_12_channels": (_conv(12, 12, 3, padding=1, groups=12), (9, 11), False),
+    "depthwise_f64": (_conv(16, 16, 3, torch.float64, padding=1, groups=16), (9, 11), False),
+    "depthwise_multiplier2": (_conv(8, 16, 3, padding=1, groups=8), (9, 11), False),
+    "patches2x2": (_conv(8, 16, 2, stride=2), (9, 11), True),
+    "patches4x4_f64": (_conv(16, 8, 4, torch.float64, stride=4), (18, 17), True),
+    "pointwise": (_conv(8, 12, 1), (9, 11), True),
+    "overlapping3x3": (_conv(8, 12, 3, padding=1), (9, 11), False),
+    "reflect": (_conv(8, 8, 3, padding=1, groups=8, padding_mode="reflect"), (9, 11), False),
+}
+
+
+def _channels_last_input(conv, plane, n=2):
+    x = torch.randn(n, conv.in_channels, *plane, dtype=conv.weight.dtype)
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def _is_channels_last(t):
+    return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("case", list(CHANNELS_LAST))
+def test_convert_reads_channels_last_input_in_place(case):
+    conv, plane, in_place = CHANNELS_LAST[case]
+    x = _channels_last_input(conv, plane)
+    before = x.clone()
+    model = ai3.convert(nn.Sequential(conv), {"conv2d": "default"})
+    out = model(x)
+    assert_close(out, reference(conv, x))
+    assert torch.equal(x, before)
+    # Only a kernel that read the input in place writes channels-last output.
+    assert _is_channels_last(out) == in_place, out.stride()
+    # The same model on contiguous input: NCHW in and out.
+    y = x.contiguous()
+    out = model(y)
+    assert out.is_contiguous()
+    assert_close(out, reference(conv, y))
+
+
+@pytest.mark.parametrize("case", list(CHANNELS_LAST))
+def test_swapped_conv_keeps_channels_last(case):
+    # Whatever the kernel, the swapped layer returns its input's memory
+    # format, as PyTorch's convolution does, and its fake implementation
+    # (what torch.compile traces) says the same strides.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    conv, plane, _ = CHANNELS_LAST[case]
+    x = _channels_last_input(conv, plane)
+    want = reference(conv, x)
+    net = ai3.swap_conv2d(nn.Sequential(copy.deepcopy(conv)))
+    with torch.inference_mode():
+        out = net(x)
+    assert_close(out, want)
+    assert out.stride() == want.stride()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = net(mode.from_tensor(x))
+    assert fake.stride() == out.stride()
+    # Gradients flow as through PyTorch's layer.
+    xg = x.detach().requires_grad_()
+    net(xg).sum().backward()
+    xr = x.detach().requires_grad_()
+    copy.deepcopy(conv)(xr).sum().backward()
+    assert_close(xg.grad, xr.grad)
+
+
+def test_a_channels_last_input_read_by_another_kernel_is_copied():
+    # Two readers of one channels-last input: when one cannot read it in
+    # place, both get the contiguous copy; when both can, neither does.
+    class TwoHeads(nn.Module):
+        def __init__(self, other):
+            super().__init__()
+            self.dw = _conv(16, 16, 3, padding=1, groups=16)
+            self.other = other
+
+        def forward(self, x):
+            return self.dw(x), self.other(x)
+
+    x = _channels_last_input(nn.Conv2d(16, 16, 1), (9, 11))
+    for other, in_place in [(_conv(16, 8, 3, padding=1), False), (_conv(16, 8, 1), True)]:
+        net = TwoHeads(other)
+        want = reference(net, x)
+        got = ai3.convert(net)(x)
+        for g, w in zip(got, want, strict=True):
+            assert_close(g, w)
+        assert _is_channels_last(got[0]) == (in_place and BLOCKED), got[0].stride()
+        assert _is_channels_last(got[1]) == in_place, got[1].stride()

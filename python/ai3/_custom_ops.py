@@ -177,9 +177,14 @@ def conv2d(
     groups: int,
     algorithm: str,
 ) -> torch.Tensor:
-    """ai3's conv2d on batched input with symmetric zero padding ``(h, w)``."""
+    """ai3's conv2d on batched input with symmetric zero padding ``(h, w)``.
+
+    The output is channels last when the input is (see
+    :func:`_channels_last`), as PyTorch's convolution returns it: the
+    depthwise kernel reads and writes that layout in place, the others
+    compute NCHW and the result is copied."""
     ph, pw = padding
-    return _run(
+    out = _run(
         "conv2d",
         x,
         {"weight": weight, "bias": bias},
@@ -189,6 +194,19 @@ def conv2d(
         dilation=tuple(dilation),
         groups=groups,
     )
+    if _channels_last(x) and not out.is_contiguous(memory_format=torch.channels_last):
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    """Whether a 4-D value is laid out channels last (and not also plain
+    contiguous, as one with a single channel or a 1x1 plane is)."""
+    return (
+        x.dim() == 4
+        and not x.is_contiguous()
+        and x.is_contiguous(memory_format=torch.channels_last)
+    )
 
 
 @conv2d.register_fake
@@ -197,7 +215,8 @@ def _(x, weight, bias, stride, padding, dilation, groups, algorithm):
     oc, _, kh, kw = weight.shape
     oh = _out_len(h, kh, stride[0], padding[0], dilation[0])
     ow = _out_len(w, kw, stride[1], padding[1], dilation[1])
-    return x.new_empty((n, oc, oh, ow))
+    fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+    return torch.empty((n, oc, oh, ow), dtype=x.dtype, device=x.device, memory_format=fmt)
 
 
 def _conv2d_setup(ctx, inputs, output):

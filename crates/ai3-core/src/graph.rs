@@ -59,6 +59,11 @@ struct Plan {
     /// Enough work to spread over ai3's pool (see [`PARALLEL_WORK`]); else
     /// the run stays on the calling thread.
     parallel: bool,
+    /// Per node: it may run channels last (see [`Graph::channels_last`]).
+    channels_last: Vec<bool>,
+    /// Per graph input: a channels-last one is read in place, as every
+    /// node that reads it may run channels last.
+    read_channels_last: Vec<bool>,
 }
 
 /// What a summary says was fused into `op`: `"add"` for a residual, the
@@ -566,13 +571,57 @@ impl Graph {
                 n.op.work(&ins)
             })
             .fold(0, usize::saturating_add);
+        let (channels_last, read_channels_last) = self.channels_last(&route, &last_use);
         Ok(Plan {
             parallel: work >= PARALLEL_WORK,
             route,
             offsets,
             arena_bytes: placement.arena_bytes,
             intermediate_bytes,
+            channels_last,
+            read_channels_last,
         })
+    }
+
+    /// Which nodes may run channels last, and which graph inputs are then
+    /// read in place when they arrive channels last (PyTorch's
+    /// `torch.channels_last`: ConvNeXt's activations reach a swapped layer
+    /// so). A node may when its operation can
+    /// ([`Operation::channels_last`]), it runs NCHW in the plan, its one
+    /// input is a graph input, and its output is a graph output no step
+    /// reads: that output is then returned channels last too, as PyTorch
+    /// returns it. An input is read in place when every step reading it is
+    /// such a node. `last_use[v]` is the last step reading value `v`.
+    fn channels_last(&self, route: &Route, last_use: &[Option<usize>]) -> (Vec<bool>, Vec<bool>) {
+        let nodes: Vec<bool> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let [x] = route.inputs[i][..] else {
+                    return false;
+                };
+                route.blocked[i] == Blocked::No
+                    && matches!(self.sources.get(x), Some(Source::Input(_)))
+                    && route.outputs.contains(&n.output)
+                    && last_use[n.output].is_none()
+                    && n.op.channels_last(&[route.shapes[x].as_slice()])
+            })
+            .collect();
+        let mut inputs = vec![true; self.num_inputs];
+        let mut read = vec![false; self.num_inputs];
+        for step in &route.steps {
+            for &v in route.reads(step) {
+                if let Some(&Source::Input(j)) = self.sources.get(v) {
+                    read[j] = true;
+                    inputs[j] &= matches!(*step, Step::Node(i) if nodes[i]);
+                }
+            }
+        }
+        for (i, r) in inputs.iter_mut().zip(read) {
+            *i &= r;
+        }
+        (nodes, inputs)
     }
 
     /// For each value that goes inside the output of a concatenation (see
@@ -815,12 +864,18 @@ impl Graph {
         arena: &mut Tensor,
         mut times: Option<&mut [f64]>,
     ) -> Result<Vec<Tensor>> {
+        // Channels-last inputs that every reader takes as they are.
+        let in_place: Vec<bool> = inputs
+            .iter()
+            .zip(&plan.read_channels_last)
+            .map(|(t, &ok)| ok && !t.is_contiguous() && t.is_channels_last())
+            .collect();
         // Kernels need row-major data: only non-contiguous inputs are copied.
         let copies: Vec<Option<Tensor>> = inputs
             .iter()
             .enumerate()
             .map(|(i, t)| {
-                (!t.is_contiguous())
+                (!t.is_contiguous() && !in_place[i])
                     .then(|| t.to_contiguous())
                     .transpose()
                     .map_err(|e| {
@@ -838,6 +893,16 @@ impl Graph {
                 Step::Reorder { dst, owner, .. } => (dst, owner),
             };
             let node = &self.nodes[owner];
+            if let Step::Node(i) = *step {
+                let start = times.is_some().then(std::time::Instant::now);
+                if let Some(out) = self.run_channels_last(plan, i, inputs, &in_place)? {
+                    if let (Some(times), Some(start)) = (times.as_deref_mut(), start) {
+                        times[i] += start.elapsed().as_secs_f64();
+                    }
+                    values[v] = Some(out);
+                    continue;
+                }
+            }
             let shape = route.physical(v);
             let mut out = match plan.offsets[v] {
                 // SAFETY: the planner gives values alive at the same time disjoint
@@ -919,6 +984,56 @@ impl Graph {
             result.push(t);
         }
         Ok(result)
+    }
+
+    /// Runs node `i` channels last when the plan lets it and its input
+    /// arrived so (`in_place`, per graph input): its output, a
+    /// channels-last view of an NHWC tensor. `None` when it runs NCHW.
+    fn run_channels_last(
+        &self,
+        plan: &Plan,
+        i: usize,
+        inputs: &[Tensor],
+        in_place: &[bool],
+    ) -> Result<Option<Tensor>> {
+        let node = &self.nodes[i];
+        let input = match (plan.channels_last[i], &plan.route.inputs[i][..]) {
+            (true, &[x]) => match self.sources[x] {
+                Source::Input(j) if in_place[j] => &inputs[j],
+                _ => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        let &[n, c, h, w] = input.shape() else {
+            return Ok(None);
+        };
+        // SAFETY: a channels-last input is its `[n, h, w, c]` elements
+        // row-major from its first one; the caller's input outlives this
+        // call, and nothing writes it meanwhile.
+        let x = unsafe {
+            Tensor::from_raw_parts(
+                input.data_ptr() as *mut u8,
+                self.dtype,
+                vec![n, h, w, c],
+                contiguous_strides(&[n, h, w, c]),
+                Device::Cpu,
+                Box::new(()),
+            )?
+        };
+        let &[on, oc, oh, ow] = plan.route.shapes[node.output].as_slice() else {
+            return Err(Error::internal(
+                node.op.kind().name(),
+                "a channels-last output is not 4-D",
+            ));
+        };
+        let mut out = Tensor::unfilled(self.dtype, &[on, oh, ow, oc])
+            .map_err(|e| with_node(e.with_op(node.op.kind().name()), &node.name))?;
+        if out.numel() > 0 {
+            node.op
+                .forward_channels_last(&[&x], &mut out)
+                .map_err(|e| with_node(e, &node.name))?;
+        }
+        out.permuted(&[0, 3, 1, 2]).map(Some)
     }
 
     fn value<'a>(

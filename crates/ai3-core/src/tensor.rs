@@ -370,6 +370,51 @@ impl Tensor {
         true
     }
 
+    /// Whether a 4-D tensor's elements are laid out channels last (NHWC,
+    /// PyTorch's `torch.channels_last`) without gaps: strides `(h * w * c,
+    /// 1, w * c, c)`, dimensions of size 1 with any stride. A tensor may be
+    /// both this and contiguous (one channel, or a 1x1 plane).
+    pub fn is_channels_last(&self) -> bool {
+        if self.rank() != 4 {
+            return false;
+        }
+        let mut expected = 1isize;
+        for d in [1, 3, 2, 0] {
+            let (n, s) = (self.shape[d], self.strides[d]);
+            if n != 1 && s != expected {
+                return false;
+            }
+            expected *= n as isize;
+        }
+        true
+    }
+
+    /// The same data with its dimensions reordered: dimension `i` of the
+    /// result is dimension `order[i]` of `self` (a view, as PyTorch's
+    /// `permute`; no element moves). An `order` that is not a permutation of
+    /// the dimensions is an internal error.
+    pub fn permuted(self, order: &[usize]) -> Result<Self> {
+        let mut seen = vec![false; self.rank()];
+        let valid = order.len() == self.rank()
+            && order
+                .iter()
+                .all(|&d| d < seen.len() && !std::mem::replace(&mut seen[d], true));
+        if !valid {
+            return Err(Error::internal(
+                "tensor",
+                format!(
+                    "{order:?} does not reorder the dimensions of shape {}",
+                    shape_str(&self.shape)
+                ),
+            ));
+        }
+        Ok(Tensor {
+            shape: order.iter().map(|&d| self.shape[d]).collect(),
+            strides: order.iter().map(|&d| self.strides[d]).collect(),
+            ..self
+        })
+    }
+
     fn check_typed<T: Element>(&self) -> Result<()> {
         if self.dtype != T::DTYPE {
             return Err(Error::internal(
@@ -548,6 +593,41 @@ mod tests {
         assert_eq!(t.data_ptr() as usize % ALIGNMENT, 0);
         assert!(t.as_slice::<f32>().unwrap().iter().all(|&v| v == 0.0));
         assert!(t.is_contiguous());
+    }
+
+    #[test]
+    fn a_permuted_nhwc_tensor_is_channels_last_and_gathers_as_nchw() {
+        // [n, h, w, c] = [1, 2, 3, 2], element value = its NHWC offset.
+        let data: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let nhwc = Tensor::from_slice(&data, &[1, 2, 3, 2]).unwrap();
+        assert!(
+            !nhwc.is_channels_last(),
+            "NHWC read as NCHW has c = 2 at stride 6"
+        );
+        let t = nhwc.permuted(&[0, 3, 1, 2]).unwrap();
+        assert_eq!(t.shape(), &[1, 2, 2, 3]);
+        assert_eq!(t.strides(), &[12, 1, 6, 2]);
+        assert!(t.is_channels_last() && !t.is_contiguous());
+        let c = t.to_contiguous().unwrap();
+        // Channel 0 holds the even offsets, channel 1 the odd ones.
+        let want: Vec<f32> = (0..6)
+            .map(|q| 2.0 * q as f32)
+            .chain((0..6).map(|q| 2.0 * q as f32 + 1.0))
+            .collect();
+        assert_eq!(c.as_slice::<f32>().unwrap(), &want[..]);
+        // One channel: both layouts at once.
+        let one = Tensor::zeros(DType::F32, &[2, 1, 3, 3]).unwrap();
+        assert!(one.is_channels_last() && one.is_contiguous());
+        assert!(!Tensor::zeros(DType::F32, &[2, 3])
+            .unwrap()
+            .is_channels_last());
+        for bad in [&[0, 1, 2][..], &[0, 1, 2, 2], &[0, 1, 2, 4]] {
+            let t = Tensor::zeros(DType::F32, &[1, 2, 3, 4]).unwrap();
+            assert!(
+                matches!(t.permuted(bad), Err(Error::Internal { .. })),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct Conv2d {
     direct_packed: OnceLock<Tensor>,
     /// Weights and bias packed for the blocked 1x1 kernel, once on first use.
     pointwise_packed: OnceLock<Tensor>,
+    /// Weights in the order of channels-last patches, once on first use.
+    nhwc_weight: OnceLock<Tensor>,
     /// Activation fused into the output, applied in place after the kernel
     /// (and after the residual).
     activation: Option<ActivationKind>,
@@ -122,6 +124,7 @@ impl Conv2d {
             winograd_filter: OnceLock::new(),
             direct_packed: OnceLock::new(),
             pointwise_packed: OnceLock::new(),
+            nhwc_weight: OnceLock::new(),
             activation: None,
             residual: false,
         };
@@ -499,6 +502,21 @@ impl Conv2d {
             _ => None,
         }
     }
+
+    /// The algorithm whose kernel reads and writes `p` channels last, if
+    /// any: the depthwise path of `'direct'` (f32), or the patches of
+    /// `'gemm'` when the windows do not overlap.
+    fn channels_last_kernel(&self, p: &Conv2dParams) -> Option<Algorithm> {
+        match self.algorithm(p).ok()? {
+            Algorithm::Direct
+                if self.weight.dtype() == crate::DType::F32 && depthwise::applies_nhwc(p) =>
+            {
+                Some(Algorithm::Direct)
+            }
+            Algorithm::Gemm if gemm::applies_nhwc(p) => Some(Algorithm::Gemm),
+            _ => None,
+        }
+    }
 }
 
 /// Weights an algorithm prepares once, on first use, and keeps in `cell`:
@@ -617,6 +635,62 @@ impl Operation for Conv2d {
                 return Err(Error::internal(
                     OP.name(),
                     format!("no channel-blocked kernel for {}", context()),
+                ))
+            }
+        };
+        kernel_result(OP, done, context)
+    }
+
+    fn channels_last(&self, inputs: &[&[usize]]) -> bool {
+        let Ok((x, None)) = self.split(inputs) else {
+            return false;
+        };
+        if self.activation.is_some() || self.padding_mode != PadMode::Zeros {
+            return false;
+        }
+        match self.params_for(x) {
+            Ok((p, true)) => self.channels_last_kernel(&p).is_some(),
+            _ => false,
+        }
+    }
+
+    fn forward_channels_last(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let (x, _) = self.split(inputs)?;
+        let &[n, h, w, c] = x.shape() else {
+            return Err(Error::internal(
+                OP.name(),
+                format!("channels-last input of shape {}", shape_str(x.shape())),
+            ));
+        };
+        let shape = [n, c, h, w];
+        check_weight_dtype(OP, "input", x, self.weight.dtype())?;
+        let (p, _) = self.params_for(&shape)?;
+        let context = || format!("{}, channels last", self.context(&shape));
+        let done = match self.channels_last_kernel(&p) {
+            Some(Algorithm::Direct) => depthwise::conv2d_nhwc(
+                &p,
+                x.as_slice()?,
+                self.weight.as_slice()?,
+                self.bias.as_ref().map(|b| b.as_slice()).transpose()?,
+                output.as_mut_slice()?,
+            ),
+            Some(Algorithm::Gemm) => with_dtype!(x.dtype(), T, {
+                let w = self.weight.as_slice::<T>()?;
+                let w = prepared(&self.nhwc_weight, w.len(), context, |d| {
+                    gemm::nhwc_weight(&p, w, d)
+                })?;
+                gemm::conv2d_nhwc::<T>(
+                    &p,
+                    x.as_slice()?,
+                    w,
+                    self.bias.as_ref().map(|b| b.as_slice()).transpose()?,
+                    output.as_mut_slice()?,
+                )
+            }),
+            _ => {
+                return Err(Error::internal(
+                    OP.name(),
+                    format!("no channels-last kernel for {}", context()),
                 ))
             }
         };

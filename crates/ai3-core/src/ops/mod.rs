@@ -101,6 +101,21 @@ pub trait Operation: Send + Sync + fmt::Debug {
     }
     /// Computes `output` from `inputs`.
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()>;
+    /// Whether this node can read its one input channels last (see
+    /// [`Tensor::is_channels_last`]) and write its output so, for an input
+    /// of this (logical) shape; by default not.
+    fn channels_last(&self, _inputs: &[&[usize]]) -> bool {
+        false
+    }
+    /// Computes `output` from `inputs`, both as contiguous NHWC tensors
+    /// (`[n, h, w, c]`, the memory of channels-last ones). Called only when
+    /// [`Self::channels_last`] said so for the inputs' logical shapes.
+    fn forward_channels_last(&self, _inputs: &[&Tensor], _output: &mut Tensor) -> Result<()> {
+        Err(Error::internal(
+            self.kind().name(),
+            "this operation has no channels-last kernel",
+        ))
+    }
     /// Whether this node can run on channel-blocked values for inputs of
     /// these (logical) shapes, and how (see [`crate::layout`]); by default not.
     fn blocked(&self, _inputs: &[&[usize]]) -> Blocked {
