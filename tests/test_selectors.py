@@ -301,12 +301,21 @@ def test_default_algorithm_resolves_in_summary():
     assert by_op == {"conv2d": thin, "flatten": "direct", "linear": "gemm"}
     assert conv_algorithms_of_model(ai3.convert(net.double())) == ["direct"] * 3
     # With enough channels, 'default' is winograd on 3x3 stride-1 layers and
-    # gemm on the rest; thin 3x3 stride-1 layers go to direct (or the tiles).
+    # gemm on the rest; thin 3x3 stride-1 layers go to direct (in float32
+    # with AVX2 on channel blocks, else the tiles where the CPU has them).
     wide = nn.Sequential(
         nn.Conv2d(96, 128, 3, padding=1), nn.Conv2d(128, 16, 3, stride=2), nn.Conv2d(16, 16, 3)
     )
     algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 16, 16))
-    assert algos == ["winograd", "gemm", thin]
+    assert algos == ["winograd", "gemm", "direct"]
+    # At most 32 outputs on a plane up to 28x28: direct's channel blocks
+    # beat Winograd (DenseNet's 128 -> 32 layers).
+    dense = ai3.convert(nn.Sequential(nn.Conv2d(128, 32, 3, padding=1)))
+    blocked = ai3.cpu_isa() in ("avx2", "avx512")
+    assert conv_algorithms_of_model(dense, (1, 128, 14, 14)) == [
+        "direct" if blocked else "winograd"
+    ]
+    assert conv_algorithms_of_model(dense, (1, 128, 56, 56)) == ["winograd"]
     # Winograd needs 16 output tiles of 2x2 over the batch (a 7x7 plane):
     # not a 5x5 one at batch 1, but at batch 2.
     algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 13, 13))

@@ -403,7 +403,7 @@ impl Conv2d {
                 depthwise::conv2d(p, x, w, b, out, Some(&epilogue))
             }
             Algorithm::Direct => {
-                let len = kernel_result(OP, direct::packed_len(p), context)?;
+                let len = kernel_result(OP, direct::packed_len::<T>(p), context)?;
                 let packed = prepared(&self.direct_packed, len, context, |d| {
                     direct::pack(p, w, b, d)
                 })?;

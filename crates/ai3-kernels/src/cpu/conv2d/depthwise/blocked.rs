@@ -272,7 +272,12 @@ pub(super) fn conv2d(
 /// AVX2 and FMA; each source has `in_h * in_w` elements and `buf`
 /// `padded_h * pw * CB`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack(p: &Conv2dParams, pw: usize, srcs: &[&[f32]; CB], buf: &mut [f32]) {
+pub(in crate::cpu::conv2d) unsafe fn pack(
+    p: &Conv2dParams,
+    pw: usize,
+    srcs: &[&[f32]; CB],
+    buf: &mut [f32],
+) {
     let (in_w, top, left) = (p.in_w, p.padding.top, p.padding.left);
     let plane = p.in_h * in_w;
     let bp = buf.as_mut_ptr();

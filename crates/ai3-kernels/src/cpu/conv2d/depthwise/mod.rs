@@ -25,6 +25,11 @@
 #[cfg(target_arch = "x86_64")]
 mod blocked;
 
+/// Copies 8 NCHW planes into a zero-padded buffer of 8-channel pixels
+/// (see [`blocked::pack`]); the direct algorithm's blocked path shares it.
+#[cfg(target_arch = "x86_64")]
+pub(in crate::cpu::conv2d) use blocked::pack as pack_padded;
+
 use rayon::prelude::*;
 
 use super::{threads_for_macs, Epilogue};

@@ -12,6 +12,8 @@
 //! is sized so its packed weights stay in L2 while a slot group's input stays
 //! in L1 across the chunk's channel blocks.
 
+#[cfg(target_arch = "x86_64")]
+pub mod blocked;
 mod kernel;
 
 use rayon::prelude::*;
@@ -74,8 +76,40 @@ fn packing(p: &Conv2dParams) -> (usize, usize) {
     )
 }
 
-/// Length of what [`pack`] writes (`p` has passed [`Conv2dParams::check_sizes`]).
-pub fn packed_len(p: &Conv2dParams) -> KernelResult<usize> {
+/// Whether `T` layers of `p` run on channel blocks ([`blocked`]): f32 with
+/// one group on a CPU with AVX2 and FMA, unless the test asks for the
+/// `portable` microkernel.
+fn on_blocks<T: Float>(p: &Conv2dParams, portable: bool) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return !portable
+        && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+        && blocked::applies(p);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (p, portable);
+        false
+    }
+}
+
+/// Whether `T` layers of `p` run on the channel-blocked kernel
+/// ([`blocked`]) rather than the NCHW microkernel.
+pub fn runs_blocked<T: Float>(p: &Conv2dParams) -> bool {
+    on_blocks::<T>(p, false)
+}
+
+/// Length of what [`pack`] writes for `T` (`p` has passed
+/// [`Conv2dParams::check_sizes`]).
+pub fn packed_len<T: Float>(p: &Conv2dParams) -> KernelResult<usize> {
+    packed_len_for(p, on_blocks::<T>(p, false))
+}
+
+fn packed_len_for(p: &Conv2dParams, blocks: bool) -> KernelResult<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if blocks {
+        return blocked::packed_len(p);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = blocks;
     const WHAT: &str = "packed direct weights";
     let (mr, _) = block_shape(p.out_channels_per_group());
     let nob = p.out_channels_per_group().div_ceil(mr);
@@ -92,20 +126,43 @@ pub fn packed_len(p: &Conv2dParams) -> KernelResult<usize> {
 /// Packs `weight` and `bias` for [`conv2d_packed`] into `packed` (of
 /// [`packed_len`] elements): weights `[group][oc block][icg][taps][MR]` so the
 /// `MR` weights of a tap are adjacent, then the bias `[group][oc block][MR]`,
-/// both padded with zeros. Depends only on the weight's geometry, not on the
-/// input's size.
+/// both padded with zeros (or as [`blocked::pack`] packs them, for the
+/// layers that run on channel blocks). Depends only on the weight's
+/// geometry, not on the input's size.
 pub fn pack<T: Float>(
     p: &Conv2dParams,
     weight: &[T],
     bias: Option<&[T]>,
     packed: &mut [T],
 ) -> KernelResult<()> {
+    pack_for(p, weight, bias, packed, on_blocks::<T>(p, false))
+}
+
+fn pack_for<T: Float>(
+    p: &Conv2dParams,
+    weight: &[T],
+    bias: Option<&[T]>,
+    packed: &mut [T],
+    blocks: bool,
+) -> KernelResult<()> {
     p.check_sizes()?;
+    #[cfg(target_arch = "x86_64")]
+    if blocks {
+        use crate::float::{as_f32, as_f32_mut};
+        if let (Some(w), Some(d)) = (as_f32(weight), as_f32_mut(packed)) {
+            let b = bias.map(|b| as_f32(b).expect("T is f32"));
+            return blocked::pack(p, w, b, d);
+        }
+    }
     check_len("conv2d weight", weight.len(), p.weight_len())?;
     if let Some(b) = bias {
         check_len("conv2d bias", b.len(), p.out_channels)?;
     }
-    check_len("packed direct weights", packed.len(), packed_len(p)?)?;
+    check_len(
+        "packed direct weights",
+        packed.len(),
+        packed_len_for(p, blocks)?,
+    )?;
     let icg = p.in_channels_per_group();
     let ocg = p.out_channels_per_group();
     let ntaps = p.kernel_h * p.kernel_w;
@@ -146,8 +203,9 @@ fn run<T: Float>(
     if output.is_empty() {
         return Ok(());
     }
-    let mut packed = try_zeroed_vec(packed_len(p)?, "packed direct weights")?;
-    pack(p, weight, bias, &mut packed)?;
+    let blocks = on_blocks::<T>(p, portable);
+    let mut packed = try_zeroed_vec(packed_len_for(p, blocks)?, "packed direct weights")?;
+    pack_for(p, weight, bias, &mut packed, blocks)?;
     run_packed(p, input, &packed, output, portable)
 }
 
@@ -159,8 +217,19 @@ fn run_packed<T: Float>(
     output: &mut [T],
     portable: bool,
 ) -> KernelResult<()> {
+    #[cfg(target_arch = "x86_64")]
+    if on_blocks::<T>(p, portable) {
+        use crate::float::{as_f32, as_f32_mut};
+        if let (Some(x), Some(w), Some(out)) = (as_f32(input), as_f32(packed), as_f32_mut(output)) {
+            return blocked::conv2d(p, x, w, out);
+        }
+    }
     p.check_buffers(input.len(), None, output.len())?;
-    check_len("packed direct weights", packed.len(), packed_len(p)?)?;
+    check_len(
+        "packed direct weights",
+        packed.len(),
+        packed_len_for(p, false)?,
+    )?;
 
     let (oh, ow) = (p.out_h(), p.out_w());
     let plane_out = oh * ow;
@@ -272,35 +341,40 @@ mod tests {
         crate::cpu::test_util::check_conv_refuses_huge_padding(super::conv2d::<f32>);
     }
 
+    /// One packing serves batches and planes of every size, with groups
+    /// (the NCHW microkernel) and without (channel blocks, where the CPU
+    /// has them).
     #[test]
     fn weights_packed_once_serve_every_input_size() {
         use crate::cpu::test_util::{assert_close, cast, reference_conv, Rng};
         use crate::params::{Conv2dParams, Padding2d};
-        let layer = |batch: usize, hw: usize| Conv2dParams {
-            batch,
-            in_channels: 6,
-            in_h: hw,
-            in_w: hw + 3,
-            out_channels: 10,
-            kernel_h: 3,
-            kernel_w: 3,
-            stride: (1, 2),
-            padding: Padding2d::symmetric(1, 0),
-            dilation: (1, 1),
-            groups: 2,
-        };
-        let mut rng = Rng::new(5);
-        let first = layer(1, 7);
-        let weight = rng.vec(first.weight_len());
-        let bias = rng.vec(first.out_channels);
-        let mut packed = vec![f32::NAN; super::packed_len(&first).unwrap()];
-        super::pack(&first, &cast(&weight), Some(&cast(&bias)), &mut packed).unwrap();
-        for p in [first, layer(3, 12), layer(2, 5)] {
-            let input = rng.vec(p.input_len());
-            let want = reference_conv(&p, &input, &weight, Some(&bias));
-            let mut out = vec![f32::NAN; p.output_len()];
-            super::conv2d_packed(&p, &cast(&input), &packed, &mut out).unwrap();
-            assert_close(&out, &want, 1e-4, "direct packed once");
+        for groups in [2, 1] {
+            let layer = |batch: usize, hw: usize| Conv2dParams {
+                batch,
+                in_channels: 6,
+                in_h: hw,
+                in_w: hw + 3,
+                out_channels: 10,
+                kernel_h: 3,
+                kernel_w: 3,
+                stride: (1, 2),
+                padding: Padding2d::symmetric(1, 0),
+                dilation: (1, 1),
+                groups,
+            };
+            let mut rng = Rng::new(5);
+            let first = layer(1, 7);
+            let weight = rng.vec(first.weight_len());
+            let bias = rng.vec(first.out_channels);
+            let mut packed = vec![f32::NAN; super::packed_len::<f32>(&first).unwrap()];
+            super::pack(&first, &cast(&weight), Some(&cast(&bias)), &mut packed).unwrap();
+            for p in [first, layer(3, 12), layer(2, 5)] {
+                let input = rng.vec(p.input_len());
+                let want = reference_conv(&p, &input, &weight, Some(&bias));
+                let mut out = vec![f32::NAN; p.output_len()];
+                super::conv2d_packed(&p, &cast(&input), &packed, &mut out).unwrap();
+                assert_close(&out, &want, 1e-4, "direct packed once");
+            }
         }
     }
 }

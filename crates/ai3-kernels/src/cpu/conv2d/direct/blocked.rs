@@ -1,0 +1,401 @@
+//! Direct convolution on channel blocks, for f32 on AVX2 and FMA: the
+//! pointwise tile's structure ([`crate::cpu::blocked::pointwise`]) with
+//! kernel taps. Each image's input is copied once into a zero-padded buffer
+//! whose pixels hold 8 input channels side by side (`[in block][padded
+//! row][padded column][8]`, the channel-blocked layout with borders), so a
+//! tap is a fixed offset and one cache line serves 8 input channels. The
+//! register tile is [`OBT`] blocks of 8 output channels by up to [`PT`]
+//! pixels of one output row: per input channel of a tap, [`OBT`] weight
+//! vectors and a broadcast of each pixel's value feed `OBT * PT` FMAs. The
+//! vectors run over output channels, so small planes (7x7, 14x14) and
+//! thin layers fill every lane, which the NCHW kernels vectorised over a
+//! row's pixels cannot.
+//!
+//! Weights are packed once ([`pack`]): `[out block][in block][tap][input
+//! lane][8 output lanes]`, then the bias. Each image is split into tasks of
+//! (pair of output blocks, output row); a row is cut into tiles of equal
+//! size so no tile runs nearly empty. Results go to the NCHW output.
+
+use std::arch::x86_64::*;
+
+use rayon::prelude::*;
+
+use super::super::{threads_for_macs, SharedMut};
+use crate::alloc::{check_len, checked_product, try_zeroed_vec, KernelResult};
+use crate::cpu::blocked::BLOCK as CB;
+use crate::params::Conv2dParams;
+
+/// Output blocks per register tile.
+const OBT: usize = 2;
+/// Pixels per register tile, at most.
+const PT: usize = 6;
+
+/// Whether this path takes `p`: one group, on a CPU with AVX2 and FMA (the
+/// caller checks that the elements are f32).
+pub fn applies(p: &Conv2dParams) -> bool {
+    p.groups == 1 && crate::cpu::blocked::available()
+}
+
+fn blocks(c: usize) -> usize {
+    c.div_ceil(CB)
+}
+
+/// Elements of the packed weights and bias ([`pack`]).
+pub fn packed_len(p: &Conv2dParams) -> KernelResult<usize> {
+    let w = checked_product(
+        "packed blocked direct weights",
+        &[
+            blocks(p.out_channels),
+            blocks(p.in_channels),
+            p.kernel_h,
+            p.kernel_w,
+            CB,
+            CB,
+        ],
+    )?;
+    w.checked_add(blocks(p.out_channels) * CB)
+        .ok_or(crate::KernelError::Overflow {
+            what: "packed blocked direct weights",
+        })
+}
+
+/// Packs `weight` (`[out][in][kh][kw]`, one group) and `bias` for
+/// [`conv2d`]; lanes past the channel counts are zero.
+pub fn pack(
+    p: &Conv2dParams,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    packed: &mut [f32],
+) -> KernelResult<()> {
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    if let Some(b) = bias {
+        check_len("conv2d bias", b.len(), p.out_channels)?;
+    }
+    check_len(
+        "packed blocked direct weights",
+        packed.len(),
+        packed_len(p)?,
+    )?;
+    let (ic, taps) = (p.in_channels, p.kernel_h * p.kernel_w);
+    let icb = blocks(ic);
+    let (w, b) = packed.split_at_mut(blocks(p.out_channels) * icb * taps * CB * CB);
+    w.fill(0.0);
+    b.fill(0.0);
+    for o in 0..p.out_channels {
+        let (ob, ol) = (o / CB, o % CB);
+        for i in 0..ic {
+            let (ib, il) = (i / CB, i % CB);
+            for t in 0..taps {
+                w[(((ob * icb + ib) * taps + t) * CB + il) * CB + ol] =
+                    weight[(o * ic + i) * taps + t];
+            }
+        }
+        if let Some(bias) = bias {
+            b[o] = bias[o];
+        }
+    }
+    Ok(())
+}
+
+/// The convolution `p` (one group) of NCHW `input` with weights [`pack`]ed
+/// into `packed`, into NCHW `output`. Fails, before writing anything, when
+/// a buffer has the wrong length or `p` is not [`applies`]; a refused
+/// scratch allocation fails the call.
+pub fn conv2d(
+    p: &Conv2dParams,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), None, output.len())?;
+    check_len(
+        "packed blocked direct weights",
+        packed.len(),
+        packed_len(p)?,
+    )?;
+    if !applies(p) {
+        return Err(crate::KernelError::Precondition {
+            what: "the blocked direct convolution needs one group, AVX2 and FMA",
+        });
+    }
+    let (oh, ow) = (p.out_h(), p.out_w());
+    if p.batch == 0 || oh * ow == 0 {
+        return Ok(());
+    }
+    let (icb, ocb) = (blocks(p.in_channels), blocks(p.out_channels));
+    let (pw, ph) = (p.padded_w(), p.padded_h());
+    let in_block = ph * pw * CB;
+    let taps: Vec<usize> = (0..p.kernel_h)
+        .flat_map(|ky| {
+            (0..p.kernel_w).map(move |kx| (ky * p.dilation.0 * pw + kx * p.dilation.1) * CB)
+        })
+        .collect();
+    let taps = &taps;
+    let w_stride = icb * taps.len() * CB * CB;
+    let bias = &packed[ocb * w_stride..];
+    let plane_in = p.in_h * p.in_w;
+    let plane_out = oh * ow;
+    let last_lanes = p.in_channels - (icb - 1) * CB;
+    let pairs = ocb.div_ceil(OBT);
+    let threads = threads_for_macs(p.macs());
+    let buf_len = checked_product("padded input copy", &[icb, ph, pw, CB])?;
+    // Zeroed once: the borders stay zero, packing writes only the input's pixels.
+    let mut buf = try_zeroed_vec::<f32>(buf_len, "padded input copy")?;
+    {
+        let buf = &mut buf[..];
+        for n in 0..p.batch {
+            let image = &input[n * p.in_channels * plane_in..][..p.in_channels * plane_in];
+            let pack_block = |(b, dst): (usize, &mut [f32])| {
+                let valid = CB.min(p.in_channels - b * CB);
+                // Lanes past the last channel read it again (their weights are zero).
+                let srcs: [&[f32]; CB] = std::array::from_fn(|l| {
+                    &image[(b * CB + l.min(valid - 1)) * plane_in..][..plane_in]
+                });
+                // SAFETY: AVX2 and FMA (`applies`); `dst` is one block's
+                // padded buffer, each source one input plane.
+                unsafe { crate::cpu::conv2d::depthwise::pack_padded(p, pw, &srcs, dst) };
+            };
+            if threads > 1 {
+                buf.par_chunks_mut(in_block)
+                    .enumerate()
+                    .for_each(pack_block);
+            } else {
+                buf.chunks_mut(in_block).enumerate().for_each(pack_block);
+            }
+            let buf = &*buf;
+            let out = SharedMut(output[n * p.out_channels * plane_out..].as_mut_ptr());
+            let task = |t: usize| {
+                let out = &out;
+                let (pair, y) = (t / oh, t % oh);
+                let ob = pair * OBT;
+                let nob = OBT.min(ocb - ob);
+                let row = &buf[y * p.stride.0 * pw * CB..];
+                let mut x = 0;
+                let mut tiles = ow.div_ceil(PT);
+                while x < ow {
+                    let np = (ow - x).div_ceil(tiles);
+                    tiles -= 1;
+                    let valid = [CB.min(p.out_channels - ob * CB), {
+                        let c = (ob + 1) * CB;
+                        CB.min(p.out_channels.saturating_sub(c))
+                    }];
+                    // SAFETY: AVX2 and FMA; the tile reads pixels x..x + np
+                    // of row y's windows inside the padded buffer, the
+                    // weights and bias of blocks ob..ob + nob, and writes
+                    // those pixels of those channels' planes, which this
+                    // task alone owns.
+                    unsafe {
+                        tile(
+                            nob,
+                            np,
+                            &Tile {
+                                x: row.as_ptr().add(x * p.stride.1 * CB),
+                                x_block: in_block,
+                                icb,
+                                last_lanes,
+                                taps,
+                                step: p.stride.1 * CB,
+                                w: packed.as_ptr().add(ob * w_stride),
+                                w_stride,
+                                bias: bias.as_ptr().add(ob * CB),
+                                out: out.0.add(ob * CB * plane_out + y * ow + x),
+                                plane: plane_out,
+                                valid,
+                            },
+                        )
+                    };
+                    x += np;
+                }
+            };
+            let tasks = pairs * oh;
+            if threads > 1 && tasks > 1 {
+                (0..tasks).into_par_iter().for_each(task);
+            } else {
+                (0..tasks).for_each(task);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where one register tile reads and writes.
+struct Tile<'a> {
+    /// The first pixel's window's top-left, input block 0, lane 0.
+    x: *const f32,
+    /// Elements between input blocks.
+    x_block: usize,
+    /// Input blocks.
+    icb: usize,
+    /// Input channels in the last block.
+    last_lanes: usize,
+    /// Offset of each tap from the window's top-left.
+    taps: &'a [usize],
+    /// Elements between the windows of consecutive output pixels.
+    step: usize,
+    /// The first output block's packed weights.
+    w: *const f32,
+    /// Elements between output blocks' packed weights.
+    w_stride: usize,
+    /// The first output block's bias.
+    bias: *const f32,
+    /// The first pixel in the first output channel's plane.
+    out: *mut f32,
+    /// Elements between output planes.
+    plane: usize,
+    /// Channels of each output block of the tile.
+    valid: [usize; OBT],
+}
+
+/// One register tile of `nob <= OBT` output blocks by `np <= PT` pixels.
+///
+/// # Safety
+/// AVX2 and FMA; every read and write `t` describes is inside its buffer.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile(nob: usize, np: usize, t: &Tile<'_>) {
+    macro_rules! dispatch {
+        ($($ob:literal, $p:literal);*) => {
+            match (nob, np) {
+                $(($ob, $p) => tile_n::<$ob, $p>(t),)*
+                _ => unreachable!("tile of {nob} blocks by {np} pixels"),
+            }
+        };
+    }
+    // SAFETY: the caller's contract, for the instance that matches.
+    unsafe { dispatch!(2, 6; 2, 5; 2, 4; 2, 3; 2, 2; 2, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1) }
+}
+
+/// [`tile`] for `OB` blocks by `P` pixels, unrolled.
+///
+/// # Safety
+/// As [`tile`].
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_n<const OB: usize, const P: usize>(t: &Tile<'_>) {
+    // SAFETY (whole body): reads and writes stay in the ranges the caller
+    // vouches for.
+    unsafe {
+        let mut acc: [[__m256; P]; OB] =
+            std::array::from_fn(|o| [_mm256_loadu_ps(t.bias.add(o * CB)); P]);
+        let ntaps = t.taps.len();
+        for b in 0..t.icb {
+            let lanes = if b + 1 == t.icb { t.last_lanes } else { CB };
+            let xb = t.x.add(b * t.x_block);
+            let wb = t.w.add(b * ntaps * CB * CB);
+            for (k, &off) in t.taps.iter().enumerate() {
+                let xt = xb.add(off);
+                let wt = wb.add(k * CB * CB);
+                for l in 0..lanes {
+                    let wv: [__m256; OB] =
+                        std::array::from_fn(|o| _mm256_loadu_ps(wt.add(o * t.w_stride + l * CB)));
+                    for p in 0..P {
+                        let xv = _mm256_broadcast_ss(&*xt.add(p * t.step + l));
+                        for o in 0..OB {
+                            acc[o][p] = _mm256_fmadd_ps(wv[o], xv, acc[o][p]);
+                        }
+                    }
+                }
+            }
+        }
+        for o in 0..OB {
+            let mut tmp = [[0.0f32; CB]; P];
+            for p in 0..P {
+                _mm256_storeu_ps(tmp[p].as_mut_ptr(), acc[o][p]);
+            }
+            let out = t.out.add(o * CB * t.plane);
+            for c in 0..t.valid[o] {
+                for p in 0..P {
+                    *out.add(c * t.plane + p) = tmp[p][c];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::test_util::{assert_close, cast, conv_grid, reference_conv, Rng};
+    use crate::params::Padding2d;
+
+    fn check(p: &Conv2dParams, rng: &mut Rng) {
+        let x = rng.vec(p.input_len());
+        let w = rng.vec(p.weight_len());
+        let b = rng.vec(p.out_channels);
+        for bias in [None, Some(b.as_slice())] {
+            let want = reference_conv(p, &x, &w, bias);
+            let mut packed = vec![f32::NAN; packed_len(p).unwrap()];
+            let b32 = bias.map(cast::<f32>);
+            pack(p, &cast::<f32>(&w), b32.as_deref(), &mut packed).unwrap();
+            let mut out = vec![f32::NAN; p.output_len()];
+            conv2d(p, &cast::<f32>(&x), &packed, &mut out).unwrap();
+            assert_close(&out, &want, 1e-5, &format!("{p:?} bias={}", bias.is_some()));
+        }
+    }
+
+    /// The shared grid's one-group layers (strides, dilation, asymmetric
+    /// padding, 3 input channels), then layers with partial and several
+    /// channel blocks on planes whose rows split into unequal tiles, on
+    /// this thread and on two.
+    #[test]
+    fn matches_reference() {
+        if !crate::cpu::blocked::available() {
+            // AI3_CPU_ISA rules the blocked kernels out: nothing runs them.
+            return;
+        }
+        let more = |ic, oc, hw: (usize, usize), k, s| Conv2dParams {
+            batch: 2,
+            in_channels: ic,
+            in_h: hw.0,
+            in_w: hw.1,
+            out_channels: oc,
+            kernel_h: k,
+            kernel_w: k,
+            stride: (s, s),
+            padding: Padding2d::symmetric(k / 2, k / 2),
+            dilation: (1, 1),
+            groups: 1,
+        };
+        let mut cases: Vec<Conv2dParams> =
+            conv_grid().into_iter().filter(|p| p.groups == 1).collect();
+        cases.extend([
+            more(20, 11, (7, 7), 3, 1),
+            more(16, 32, (14, 13), 3, 1),
+            more(9, 24, (15, 17), 3, 2),
+            more(3, 16, (23, 19), 7, 2),
+            more(8, 8, (1, 20), 1, 1),
+        ]);
+        let run = || {
+            let mut rng = Rng::new(3);
+            for p in &cases {
+                check(p, &mut rng);
+            }
+        };
+        run();
+        crate::cpu::test_util::on_two_threads(run);
+    }
+
+    #[test]
+    fn refuses_groups_and_wrong_buffers() {
+        let p = Conv2dParams {
+            batch: 1,
+            in_channels: 4,
+            in_h: 5,
+            in_w: 5,
+            out_channels: 4,
+            kernel_h: 3,
+            kernel_w: 3,
+            stride: (1, 1),
+            padding: Padding2d::default(),
+            dilation: (1, 1),
+            groups: 2,
+        };
+        assert!(!applies(&p));
+        let packed = vec![0f32; packed_len(&p).unwrap()];
+        let (x, mut out) = (vec![0f32; p.input_len()], vec![0f32; p.output_len()]);
+        assert!(conv2d(&p, &x, &packed, &mut out).is_err());
+        let p = Conv2dParams { groups: 1, ..p };
+        assert!(conv2d(&p, &x[1..], &packed, &mut out).is_err());
+        assert!(conv2d(&p, &x, &packed[1..], &mut out).is_err());
+    }
+}
