@@ -79,6 +79,10 @@ fn packing(p: &Conv2dParams) -> (usize, usize) {
 /// Whether `T` layers of `p` run on channel blocks ([`blocked`]): f32 with
 /// one group on a CPU with AVX2 and FMA, unless the test asks for the
 /// `portable` microkernel.
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(clippy::extra_unused_type_parameters)
+)]
 fn on_blocks<T: Float>(p: &Conv2dParams, portable: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     return !portable
