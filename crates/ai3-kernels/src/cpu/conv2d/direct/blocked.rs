@@ -377,19 +377,8 @@ mod tests {
 
     #[test]
     fn refuses_groups_and_wrong_buffers() {
-        let p = Conv2dParams {
-            batch: 1,
-            in_channels: 4,
-            in_h: 5,
-            in_w: 5,
-            out_channels: 4,
-            kernel_h: 3,
-            kernel_w: 3,
-            stride: (1, 1),
-            padding: Padding2d::default(),
-            dilation: (1, 1),
-            groups: 2,
-        };
+        let p = crate::cpu::test_util::small_problem();
+        assert_eq!(p.groups, 2);
         assert!(!applies(&p));
         let packed = vec![0f32; packed_len(&p).unwrap()];
         let (x, mut out) = (vec![0f32; p.input_len()], vec![0f32; p.output_len()]);
