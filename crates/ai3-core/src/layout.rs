@@ -23,6 +23,12 @@
 //!
 //! Blocked layouts need f32 and a CPU with the blocked kernels (AVX2 and
 //! FMA); elsewhere every value is NCHW.
+//!
+//! Channels-last (NHWC) values are not planned here: they follow the
+//! strides of a graph input at run time. A node that reads a graph input
+//! and writes a graph output may read a channels-last input in place and
+//! write its output so ([`Operation::channels_last`], decided per plan in
+//! the graph's executor), which is the case of a swapped layer.
 
 use crate::dtype::DType;
 use crate::ops::Operation;
