@@ -115,7 +115,7 @@ impl Storage {
 /// An n-dimensional array of f32 or f64.
 ///
 /// Strides are in elements, as in PyTorch. Kernels need contiguous row-major
-/// data; [`Tensor::contiguous`] gives that, copying only when the layout
+/// data; [`Tensor::to_contiguous`] gives that, copying only when the layout
 /// differs.
 pub struct Tensor {
     dtype: DType,
