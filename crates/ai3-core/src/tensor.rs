@@ -115,8 +115,8 @@ impl Storage {
 /// An n-dimensional array of f32 or f64.
 ///
 /// Strides are in elements, as in PyTorch. Kernels need contiguous row-major
-/// data; [`Tensor::to_contiguous`] gives that, copying only when the layout
-/// differs.
+/// data; [`Tensor::to_contiguous`] gives an owned contiguous copy (the
+/// executor makes one only for inputs that are not contiguous already).
 pub struct Tensor {
     dtype: DType,
     shape: Vec<usize>,
