@@ -170,15 +170,14 @@ pub fn conv2d(
                 let ob = pair * OBT;
                 let nob = OBT.min(ocb - ob);
                 let row = &buf[y * p.stride.0 * pw * CB..];
+                // Channels of each output block of the tile.
+                let valid: [usize; OBT] =
+                    std::array::from_fn(|o| CB.min(p.out_channels.saturating_sub((ob + o) * CB)));
                 let mut x = 0;
                 let mut tiles = ow.div_ceil(PT);
                 while x < ow {
                     let np = (ow - x).div_ceil(tiles);
                     tiles -= 1;
-                    let valid = [CB.min(p.out_channels - ob * CB), {
-                        let c = (ob + 1) * CB;
-                        CB.min(p.out_channels.saturating_sub(c))
-                    }];
                     // SAFETY: AVX2 and FMA; the tile reads pixels x..x + np
                     // of row y's windows inside the padded buffer, the
                     // weights and bias of blocks ob..ob + nob, and writes
