@@ -165,12 +165,12 @@ def test_edges_of_blocked_runs_match_pytorch(batch):
 
 
 def test_runs_that_do_not_pay_stay_nchw():
-    # One 1x1 convolution between 3x3 ones on a large plane: the reorders
-    # would cost more than the blocked kernel saves.
+    # One 1x1 convolution between 3x3 ones that Winograd runs (NCHW only):
+    # the reorders would cost more than the blocked kernel saves.
     net = nn.Sequential(
-        nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(16, 16, 1), nn.Conv2d(16, 8, 3, padding=1)
+        nn.Conv2d(64, 64, 3, padding=1), nn.Conv2d(64, 64, 1), nn.Conv2d(64, 64, 3, padding=1)
     ).eval()
-    x = torch.randn(1, 8, 32, 32)
+    x = torch.randn(1, 64, 32, 32)
     model = ai3.convert(net)
     assert_close(model(x), reference(net, x))
     assert set(layouts(model, tuple(x.shape)).values()) == {"NCHW"}
@@ -245,22 +245,26 @@ def test_an_unbatched_input_runs_nchw():
         assert "NCHW8c" in layouts(model, tuple(batched.shape)).values()
 
 
-@pytest.mark.parametrize("hw", [28, 56])
-def test_resnet_bottlenecks_run_their_1x1_layers_blocked(hw):
+@pytest.mark.parametrize(
+    ("width", "hw", "conv2"), [(64, 28, "NCHW"), (64, 56, "NCHW"), (16, 28, "NCHW8c")]
+)
+def test_resnet_bottlenecks_run_their_1x1_layers_blocked(width, hw, conv2):
     # ResNet-50's bottlenecks on its 28x28 and 56x56 planes: the 1x1 layers
-    # and the residual adds run blocked, each 3x3 layer NCHW between them
-    # (four blocks in a row, as in ResNet-50's stages: the reorders around
-    # each 3x3 layer and at the ends cost less than the 1x1 layers save).
+    # and the residual adds run blocked, each 3x3 layer (Winograd's, NCHW
+    # only) NCHW between them (four blocks in a row, as in ResNet-50's
+    # stages: the reorders around each 3x3 layer and at the ends cost less
+    # than the 1x1 layers save). With thin 3x3 layers (16 -> 16), which the
+    # blocked direct kernel runs, the whole run stays blocked.
     from torchvision.models.resnet import Bottleneck
 
     torch.manual_seed(0)
-    net = nn.Sequential(*(Bottleneck(64, 16) for _ in range(4))).eval()
+    net = nn.Sequential(*(Bottleneck(4 * width, width) for _ in range(4))).eval()
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 1.5)
-    x = torch.randn(1, 64, hw, hw)
+    x = torch.randn(1, 4 * width, hw, hw)
     want = reference(net, x)
     model = ai3.convert(net, sample_input_shape=tuple(x.shape))
     assert_close(model(x), want)
@@ -268,12 +272,105 @@ def test_resnet_bottlenecks_run_their_1x1_layers_blocked(hw):
     layout = {r["name"]: r["layout"] for r in rows if r["op"].startswith("conv2d")}
     if BLOCKED:
         # Each block's expansion with its residual add runs blocked, each 3x3
-        # layer NCHW; a reduction runs blocked once its input is.
+        # layer as its kernel can; a reduction runs blocked once its input is.
         assert {layout[f"{i}.conv3"] for i in range(4)} == {"NCHW8c"}, rows
-        assert {layout[f"{i}.conv2"] for i in range(4)} == {"NCHW"}, rows
+        assert {layout[f"{i}.conv2"] for i in range(4)} == {conv2}, rows
         assert {layout[f"{i}.conv1"] for i in range(1, 4)} == {"NCHW8c"}, rows
     else:
         assert set(layout.values()) == {"NCHW"}, rows
+    model.blocked_layouts = False
+    assert_close(model(x), want)
+
+
+class DenseBlock(nn.Module):
+    """DenseNet's block and transition: each layer (batch norm, ReLU, 1x1,
+    batch norm, ReLU, 3x3) reads the concatenation of every earlier output."""
+
+    def __init__(self, c: int, growth: int, layers: int = 3):
+        super().__init__()
+
+        def bn(n):
+            m = nn.BatchNorm2d(n)
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+            return m
+
+        self.layers = nn.ModuleList(
+            nn.Sequential(
+                bn(c + i * growth),
+                nn.ReLU(),
+                nn.Conv2d(c + i * growth, 4 * growth, 1, bias=False),
+                bn(4 * growth),
+                nn.ReLU(),
+                nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False),
+            )
+            for i in range(layers)
+        )
+        out = c + layers * growth
+        self.transition = nn.Sequential(
+            bn(out), nn.ReLU(), nn.Conv2d(out, out // 2, 1, bias=False), nn.AvgPool2d(2)
+        )
+
+    def forward(self, x):
+        feats = [x]
+        for layer in self.layers:
+            feats.append(layer(torch.cat(feats, 1)))
+        return self.transition(torch.cat(feats, 1))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("growth", [8, 12])
+def test_dense_blocks_run_blocked_through_norms_and_concatenations(batch, growth):
+    # Batch norms and concatenations of whole channel blocks keep the run
+    # blocked; with 12 channels per layer the concatenations cannot (a
+    # layer's output would start mid-block), so they and the norms that
+    # read them run NCHW. At batch 1 a blocked concatenation's inputs are
+    # written in place, as NCHW ones are.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), DenseBlock(16, growth)).eval()
+    x = torch.randn(batch, 3, 14, 12)
+    want = reference(net, x)
+    model = ai3.convert(net, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), want)
+    rows = model.summary(tuple(x.shape))
+    by_op: dict[str, set[str]] = {}
+    for r in rows:
+        by_op.setdefault(r["op"].split("+")[0], set()).add(r["layout"])
+    if BLOCKED and growth == 8:
+        for op in ("cat", "batchnorm2d", "conv2d"):
+            assert "NCHW8c" in by_op[op], rows
+        assert all(r["layout"] == "NCHW8c" for r in rows if r["op"] == "cat"), rows
+    elif BLOCKED:
+        # The first concatenation has the stem's 16 channels alone.
+        cats = [r for r in rows if r["op"] == "cat"]
+        assert all(r["layout"] == "NCHW" for r in cats[1:]), rows
+    else:
+        assert set().union(*by_op.values()) == {"NCHW"}, rows
+    model.blocked_layouts = False
+    assert_close(model(x), want)
+
+
+def test_basic_blocks_fuse_their_residual_into_the_blocked_direct_kernel():
+    # ResNet's basic block on 16 channels: both 3x3 layers run on the
+    # blocked direct kernel, the second with the skip and the ReLU applied
+    # as each row of its output is stored.
+    from torchvision.models.resnet import BasicBlock
+
+    torch.manual_seed(0)
+    net = nn.Sequential(*(BasicBlock(16, 16) for _ in range(3))).eval()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(2, 16, 11, 9)
+    want = reference(net, x)
+    model = ai3.convert(net, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), want)
+    rows = [r for r in model.summary(tuple(x.shape)) if r["op"].startswith("conv2d")]
+    assert {r["algorithm"] for r in rows} == {"direct"}, rows
+    assert sum("add" in (r["fused"] or "") for r in rows) == 3, rows
+    assert {r["layout"] for r in rows} == ({"NCHW8c"} if BLOCKED else {"NCHW"}), rows
     model.blocked_layouts = False
     assert_close(model(x), want)
 

@@ -308,14 +308,17 @@ def test_default_algorithm_resolves_in_summary():
     )
     algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 16, 16))
     assert algos == ["winograd", "gemm", "direct"]
-    # At most 32 outputs on a plane up to 28x28: direct's channel blocks
-    # beat Winograd (DenseNet's 128 -> 32 layers).
+    # At most 32 outputs: direct's channel blocks, which also keep the
+    # blocked layout between layers, beat Winograd (DenseNet's 128 -> 32
+    # layers); with more outputs Winograd stays.
     dense = ai3.convert(nn.Sequential(nn.Conv2d(128, 32, 3, padding=1)))
     blocked = ai3.cpu_isa() in ("avx2", "avx512")
-    assert conv_algorithms_of_model(dense, (1, 128, 14, 14)) == [
-        "direct" if blocked else "winograd"
-    ]
-    assert conv_algorithms_of_model(dense, (1, 128, 56, 56)) == ["winograd"]
+    for plane in (14, 56):
+        assert conv_algorithms_of_model(dense, (1, 128, plane, plane)) == [
+            "direct" if blocked else "winograd"
+        ]
+    wider = ai3.convert(nn.Sequential(nn.Conv2d(128, 40, 3, padding=1)))
+    assert conv_algorithms_of_model(wider, (1, 128, 14, 14)) == ["winograd"]
     # Winograd needs 16 output tiles of 2x2 over the batch (a 7x7 plane):
     # not a 5x5 one at batch 1, but at batch 2.
     algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 13, 13))

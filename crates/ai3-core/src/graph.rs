@@ -635,8 +635,10 @@ impl Graph {
     /// (inputs, constants, outputs). A concatenation whose inputs all already
     /// sit end to end (DenseNet's: each layer's input is the previous one's
     /// plus one more feature map) is placed over them and copies nothing.
-    /// Places stay [`ALIGNMENT`]-aligned. Concatenations run NCHW, so what
-    /// they read (reorders' copies included) is NCHW too.
+    /// Places stay [`ALIGNMENT`]-aligned. A concatenation reads its inputs
+    /// in its own layout (reorders' copies included); a blocked one is
+    /// placed only when every value fills whole channel blocks, whose
+    /// offsets are then the NCHW ones.
     fn in_place_homes(
         &self,
         route: &Route,
@@ -651,7 +653,16 @@ impl Graph {
         let size = self.dtype.size();
         for (node, inputs) in self.nodes.iter().zip(&route.inputs).rev() {
             let c = node.output;
-            if !is_intermediate[c] || route.layouts[c] != Layout::Nchw {
+            // A blocked value's offsets are its logical ones only when its
+            // channels fill whole blocks (a blocked concatenation's inputs).
+            let whole = |v: usize| {
+                route.layouts[v] == Layout::Nchw
+                    || route.physical(v).iter().product::<usize>()
+                        == route.shapes[v].iter().product::<usize>()
+            };
+            let same_layout = inputs.iter().all(|&v| route.layouts[v] == route.layouts[c]);
+            if !is_intermediate[c] || !same_layout || !whole(c) || !inputs.iter().all(|&v| whole(v))
+            {
                 continue;
             }
             let refs: Vec<&[usize]> = inputs.iter().map(|&v| route.shapes[v].as_slice()).collect();

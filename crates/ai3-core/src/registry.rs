@@ -199,28 +199,29 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// AVX2 and FMA: see `direct::blocked`) takes `p`: stride-1 layers with a
 /// kernel larger than 1x1 and at least [`FEW_INPUT_CHANNELS`] inputs,
 /// except the 3x3 ones Winograd runs as fast (those with many input
-/// channels, unless they have at most [`THIN_OUTPUTS`] outputs and at most
-/// [`THIN_PIXELS`] output pixels over the batch). Measured (2 threads,
-/// AVX2, ms, the blocked kernel against what `'default'` ran before):
-/// DenseNet's 128 -> 32 at 14x14 0.111 against 0.146 (Winograd), 7x7
-/// 0.055 against 0.085, at batch 10 0.39-0.41 against 0.41-0.44;
+/// channels, unless they have at most [`THIN_OUTPUTS`] outputs). Measured (2
+/// threads, AVX2, ms, the blocked kernel against what `'default'` ran
+/// before): DenseNet's 128 -> 32 at 14x14 0.111 against 0.146 (Winograd),
+/// 7x7 0.055 against 0.085, at batch 10 0.39-0.41 against 0.41-0.44;
 /// SqueezeNet's 16 -> 64 at 55x55 0.349 against 0.429 (GEMM's tiles);
 /// GoogLeNet's 5x5 32 -> 64 at 14x14 0.133 against 0.244 and AlexNet's 64
 /// -> 192 at 27x27 2.49 against 3.29 (GEMM); Inception's 1x7 and 7x1
-/// layers at 17x17 0.40-0.92 against 0.53-1.07. Left to the others, where
-/// they measured as fast or faster: 128 -> 32 at 28x28 (0.39-0.56 against
-/// 0.41-0.55), at 14x14 batch 10 (1.04-1.07 both) and at 56x56 (1.49
-/// against 1.33), 256 -> 256 at 14x14 (1.33 against 0.92), strided layers
-/// (128 -> 128 stride 2 at 56x56 1.76 against GEMM's 1.70), RGB input
-/// layers (3 -> 32 3x3 stride 2 0.35 against 0.25).
+/// layers at 17x17 0.40-0.92 against 0.53-1.07. Alone, DenseNet's thin
+/// layers at 28x28 measured even with Winograd (0.39-0.56 against
+/// 0.41-0.55) and at 56x56 slower (1.49 against 1.33), but the blocked
+/// kernel also reads and writes the channel-blocked layout, so with them
+/// DenseNet's dense blocks run blocked from end to end: densenet121 0.92x
+/// the time with them on Winograd at batch 1, 0.93x at batch 10 (own
+/// processes, alternating). Left to the others: 256 -> 256 at 14x14 (1.33
+/// against 0.92), strided layers (128 -> 128 stride 2 at 56x56 1.76
+/// against GEMM's 1.70), RGB input layers (3 -> 32 3x3 stride 2 0.35
+/// against 0.25).
 fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
     let blocked = match dtype {
         DType::F32 => direct::runs_blocked::<f32>(p),
         DType::F64 => direct::runs_blocked::<f64>(p),
     };
-    let beats_winograd = too_thin_for_winograd(p)
-        || (p.out_channels <= THIN_OUTPUTS
-            && p.batch.saturating_mul(p.out_h() * p.out_w()) <= THIN_PIXELS);
+    let beats_winograd = too_thin_for_winograd(p) || p.out_channels <= THIN_OUTPUTS;
     blocked
         && p.in_channels >= FEW_INPUT_CHANNELS
         && p.stride == (1, 1)
@@ -232,10 +233,6 @@ fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
 /// Most output channels of a 3x3 layer that the blocked direct kernel runs
 /// rather than Winograd (see [`blocked_direct_preferred`]).
 const THIN_OUTPUTS: usize = 32;
-
-/// Most output pixels over the batch of such a layer: a 7x7 plane at batch
-/// 10, 14x14 at batch 2.
-const THIN_PIXELS: usize = 490;
 
 /// Fewest 2x2 output tiles (over the batch) for Winograd: a 7x7 plane has
 /// 16. Its transformed filters are 16/9 of the weights and each is read once
@@ -996,23 +993,19 @@ mod tests {
         } else {
             (Algorithm::Winograd, Algorithm::Gemm)
         };
-        for hw in [7, 14] {
+        for hw in [7, 14, 28, 56] {
             assert_eq!(
                 pick(layer(128, 32, 3, hw, DType::F32)).unwrap(),
                 thin,
                 "{hw}"
             );
         }
-        // Larger planes or batches, more outputs and f64 stay with Winograd.
-        assert_eq!(
-            pick(layer(128, 32, 3, 28, DType::F32)).unwrap(),
-            Algorithm::Winograd
-        );
         let batch_10 = match layer(128, 32, 3, 14, DType::F32) {
             Problem::Conv2d(p, d) => Problem::Conv2d(Conv2dParams { batch: 10, ..p }, d),
             other => other,
         };
-        assert_eq!(pick(batch_10).unwrap(), Algorithm::Winograd);
+        assert_eq!(pick(batch_10).unwrap(), thin);
+        // More outputs and f64 stay with Winograd.
         assert_eq!(
             pick(layer(128, 64, 3, 14, DType::F32)).unwrap(),
             Algorithm::Winograd

@@ -474,7 +474,8 @@ const POINTWISE_GAIN_PLANE: usize = 3136;
 
 impl Conv2d {
     /// The blocked kernel that computes `p` for this layer, if any: the
-    /// depthwise path of `'direct'`, or the 1x1 GEMM of `'gemm'`, with the
+    /// depthwise or channel-block path of `'direct'`, or the 1x1 GEMM of
+    /// `'gemm'`, with the
     /// elements it saves against the NCHW kernel (see [`crate::layout`]).
     fn blocked_kernel(&self, p: &Conv2dParams) -> Option<(Algorithm, usize)> {
         if self.padding_mode != PadMode::Zeros || self.weight.dtype() != crate::DType::F32 {
@@ -482,8 +483,11 @@ impl Conv2d {
         }
         let (numel_in, numel_out) = (p.input_len(), p.output_len());
         match self.algorithm(p).ok()? {
-            // The transposes into and out of its channel blocks.
-            Algorithm::Direct if depthwise::applies_blocked(p) => {
+            // The transposes into and out of its channel blocks (depthwise,
+            // or the blocked direct kernel's padded copy and scattered stores).
+            Algorithm::Direct
+                if depthwise::applies_blocked(p) || direct::runs_blocked::<f32>(p) =>
+            {
                 Some((Algorithm::Direct, numel_in.saturating_add(numel_out)))
             }
             Algorithm::Gemm
@@ -623,7 +627,16 @@ impl Operation for Conv2d {
         let e = (r.is_some() || self.activation.is_some()).then_some(&epilogue as Epilogue<f32>);
         let (x, out) = (x.as_slice::<f32>()?, output.as_mut_slice::<f32>()?);
         let done = match (self.blocked_kernel(&p), pointwise_shape(&p)) {
-            (Some((Algorithm::Direct, _)), _) => depthwise::conv2d_blocked(&p, x, w, b, out, e),
+            (Some((Algorithm::Direct, _)), _) if depthwise::applies_blocked(&p) => {
+                depthwise::conv2d_blocked(&p, x, w, b, out, e)
+            }
+            (Some((Algorithm::Direct, _)), _) => {
+                let len = kernel_result(OP, direct::packed_len::<f32>(&p), context)?;
+                let packed = prepared(&self.direct_packed, len, context, |d| {
+                    direct::pack(&p, w, b, d)
+                })?;
+                direct::conv2d_blocked(&p, x, packed, out, e)
+            }
             (Some((Algorithm::Gemm, _)), Some(s)) => {
                 let len = kernel_result(OP, s.packed_len(), context)?;
                 let packed = prepared(&self.pointwise_packed, len, context, |d| {

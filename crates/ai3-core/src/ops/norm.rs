@@ -5,8 +5,13 @@ use ai3_kernels::cpu::norm::{self, scale_shift};
 
 use super::activation::with_scalar_fn;
 use super::{check_weight_dtype, kernel_result, single, with_dtype, ActivationKind, Operation};
+use std::sync::OnceLock;
+
+use ai3_kernels::cpu::blocked;
+
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::layout::{Blocked, BLOCK};
 use crate::registry::{Algorithm, OpKind};
 use crate::tensor::{shape_str, Tensor};
 
@@ -23,6 +28,9 @@ pub struct BatchNorm2d {
     scale: Tensor,
     shift: Tensor,
     activation: Option<ActivationKind>,
+    /// `scale` and `shift` (f32) padded to whole channel blocks with zeros,
+    /// for the blocked layout; made on first use.
+    blocked: OnceLock<(Vec<f32>, Vec<f32>)>,
 }
 
 impl BatchNorm2d {
@@ -84,6 +92,7 @@ impl BatchNorm2d {
             scale: Tensor::from_slice(&scale, &[c])?.to_dtype(dtype)?,
             shift: Tensor::from_slice(&shift, &[c])?.to_dtype(dtype)?,
             activation: None,
+            blocked: OnceLock::new(),
         })
     }
 
@@ -139,6 +148,50 @@ impl Operation for BatchNorm2d {
     }
     fn fused_activation(&self) -> Option<OpKind> {
         self.activation.map(|a| a.op_kind())
+    }
+    fn blocked(&self, inputs: &[&[usize]]) -> Blocked {
+        // Per channel: a kernel of its own that saves nothing, but keeps a
+        // blocked run going through the layer (DenseNet's pre-activations).
+        match inputs {
+            [[_, _, _, _]]
+                if self.scale.dtype() == DType::F32 && self.layout(inputs[0]).is_ok() =>
+            {
+                Blocked::Kernel { gain: 0 }
+            }
+            _ => Blocked::No,
+        }
+    }
+    fn forward_blocked(
+        &self,
+        inputs: &[&Tensor],
+        shapes: &[&[usize]],
+        output: &mut Tensor,
+    ) -> Result<()> {
+        let op = OpKind::BatchNorm2d;
+        let (x, shape) = (single(op, inputs)?, single(op, shapes)?);
+        let &[n, c, h, w] = shape else {
+            return Err(Error::internal(op.name(), "a blocked input is not 4-D"));
+        };
+        let (scale, shift) = self.blocked.get_or_init(|| {
+            let lanes = c.div_ceil(BLOCK) * BLOCK;
+            let pad = |t: &Tensor| {
+                let mut v = t.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default();
+                v.resize(lanes, 0.0);
+                v
+            };
+            (pad(&self.scale), pad(&self.shift))
+        });
+        let activation = self.activation;
+        let post = |block: &mut [f32]| {
+            if let Some(act) = activation {
+                act.apply_serial(block)
+            }
+        };
+        let (x, out) = (x.as_slice::<f32>()?, output.as_mut_slice::<f32>()?);
+        let done = blocked::scale_shift(n, c, h * w, x, scale, shift, out, post);
+        kernel_result(op, done, || {
+            format!("input shape {}, channel-blocked layout", shape_str(shape))
+        })
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::BatchNorm2d, inputs)?;

@@ -7,6 +7,7 @@ use ai3_kernels::params::AxisParams;
 
 use super::{elements, elements_mut, kernel_result, normalize_dim, single, with_dtype, Operation};
 use crate::error::{Error, Result};
+use crate::layout::{Blocked, BLOCK};
 use crate::registry::{Algorithm, OpKind};
 use crate::tensor::{shape_str, Tensor};
 
@@ -109,10 +110,48 @@ impl Operation for Concat {
         }
         Some(starts)
     }
+    fn blocked(&self, inputs: &[&[usize]]) -> Blocked {
+        // Along the channels, each input whole blocks: the blocked output
+        // is the inputs' blocks end to end per image, as NCHW would have
+        // them, so the same copies (or in-place places) serve.
+        let whole = inputs
+            .iter()
+            .all(|s| s.len() == 4 && s[1] % BLOCK == 0 && s[1] > 0);
+        match self.axis(inputs) {
+            Ok(1) if whole => Blocked::Kernel { gain: 0 },
+            _ => Blocked::No,
+        }
+    }
+    fn forward_blocked(
+        &self,
+        inputs: &[&Tensor],
+        shapes: &[&[usize]],
+        output: &mut Tensor,
+    ) -> Result<()> {
+        if self.blocked(shapes) == Blocked::No {
+            return Err(Error::internal(
+                OpKind::Cat.name(),
+                format!(
+                    "no channel-blocked kernel for input shapes {}",
+                    shapes_str(shapes)
+                ),
+            ));
+        }
+        // Physical [n, c / 8, h, w, 8]: the block axis is still axis 1.
+        self.run(inputs, 1, output)
+    }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let inputs = &legacy_skip(inputs, Tensor::shape)[..];
         let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
         let axis = self.axis(&shapes)?;
+        self.run(inputs, axis, output)
+    }
+}
+
+impl Concat {
+    /// Copies `inputs` (already past the legacy skip) along `axis` into
+    /// `output`.
+    fn run(&self, inputs: &[&Tensor], axis: usize, output: &mut Tensor) -> Result<()> {
         let outer = AxisParams::new(output.shape(), axis).outer;
         if outer == 1 {
             return concat_runs(inputs, output);
@@ -127,6 +166,7 @@ impl Operation for Concat {
                 .collect::<Result<Vec<_>>>()?;
             let done = kernel::concat::<T>(outer, &parts, elements_mut(output)?);
             kernel_result(OpKind::Cat, done, || {
+                let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
                 format!("input shapes {}", shapes_str(&shapes))
             })?
         });

@@ -28,9 +28,21 @@ pub(crate) fn with_scratch<T: Float, R>(
     len: usize,
     f: impl FnOnce(&mut [T]) -> R,
 ) -> KernelResult<R> {
+    with_scratch_named(len, WHAT, f)
+}
+
+/// [`with_scratch`] for a buffer that errors call `what` (a refused
+/// allocation names the buffer the kernel needed, e.g. `"padded input
+/// copy"`).
+pub(crate) fn with_scratch_named<T: Float, R>(
+    len: usize,
+    what: &'static str,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> KernelResult<R> {
     fn run<T: Float, U: Float, R>(
         cell: &RefCell<Vec<U>>,
         len: usize,
+        what: &'static str,
         f: impl FnOnce(&mut [T]) -> R,
     ) -> KernelResult<R> {
         match cell.try_borrow_mut() {
@@ -38,23 +50,23 @@ pub(crate) fn with_scratch<T: Float, R>(
                 if buf.len() < len {
                     // Freed first, so the old and new buffers never coexist.
                     *buf = Vec::new();
-                    *buf = try_zeroed_vec(len, WHAT)?;
+                    *buf = try_zeroed_vec(len, what)?;
                 }
                 match (&mut *buf as &mut dyn Any).downcast_mut::<Vec<T>>() {
                     Some(v) => Ok(f(&mut v[..len])),
-                    None => Ok(f(&mut try_zeroed_vec(len, WHAT)?)),
+                    None => Ok(f(&mut try_zeroed_vec(len, what)?)),
                 }
             }
-            Err(_) => Ok(f(&mut try_zeroed_vec(len, WHAT)?)),
+            Err(_) => Ok(f(&mut try_zeroed_vec(len, what)?)),
         }
     }
     let t = std::any::TypeId::of::<T>();
     if t == std::any::TypeId::of::<f32>() {
-        SCRATCH_F32.with(|c| run(c, len, f))
+        SCRATCH_F32.with(|c| run(c, len, what, f))
     } else if t == std::any::TypeId::of::<f64>() {
-        SCRATCH_F64.with(|c| run(c, len, f))
+        SCRATCH_F64.with(|c| run(c, len, what, f))
     } else {
-        Ok(f(&mut try_zeroed_vec(len, WHAT)?))
+        Ok(f(&mut try_zeroed_vec(len, what)?))
     }
 }
 

@@ -190,6 +190,56 @@ pub fn per_channel<T: Float>(
     Ok(())
 }
 
+/// `out = x * scale + shift` per channel (eval-mode batch norm) in the
+/// blocked layout: `x` and `out` are the blocked forms of `[n, c, plane]`,
+/// `scale` and `shift` hold `ceil(c / 8) * 8` values (zeros past `c`, so the
+/// padding lanes come out zero); then `post` runs on each finished block.
+#[allow(clippy::too_many_arguments)]
+pub fn scale_shift<T: Float>(
+    n: usize,
+    c: usize,
+    plane: usize,
+    x: &[T],
+    scale: &[T],
+    shift: &[T],
+    out: &mut [T],
+    post: impl Fn(&mut [T]) + Sync,
+) -> KernelResult<()> {
+    check_len("batch norm input", x.len(), blocked_len(n, c, plane)?)?;
+    check_len("batch norm output", out.len(), x.len())?;
+    let lanes = blocked_len(1, c, 1)?;
+    check_len("batch norm scale", scale.len(), lanes)?;
+    check_len("batch norm shift", shift.len(), lanes)?;
+    let cb = c.div_ceil(BLOCK);
+    let task = |t: usize, block: &mut [T]| {
+        let b = t % cb;
+        let (sc, sh) = (&scale[b * BLOCK..][..BLOCK], &shift[b * BLOCK..][..BLOCK]);
+        let src = &x[t * plane * BLOCK..][..plane * BLOCK];
+        // SAFETY: `src` and `block` have `plane` pixels of BLOCK, `sc` and
+        // `sh` BLOCK values.
+        unsafe { scale_shift_block(src, sc, sh, block) };
+        post(block);
+    };
+    for_each_block(out, plane * BLOCK, task);
+    Ok(())
+}
+
+multiversion! {
+    /// `out[q][l] = src[q][l] * scale[l] + shift[l]` for every pixel `q`.
+    unsafe fn scale_shift_block<T>(src: &[T], scale: &[T], shift: &[T], out: &mut [T]) => scale_shift_block_impl
+}
+
+#[inline(always)]
+unsafe fn scale_shift_block_impl<T: Float>(src: &[T], scale: &[T], shift: &[T], out: &mut [T]) {
+    let sc: [T; BLOCK] = std::array::from_fn(|l| scale[l]);
+    let sh: [T; BLOCK] = std::array::from_fn(|l| shift[l]);
+    for (o, px) in out.chunks_exact_mut(BLOCK).zip(src.chunks_exact(BLOCK)) {
+        for l in 0..BLOCK {
+            o[l] = px[l] * sc[l] + sh[l];
+        }
+    }
+}
+
 multiversion! {
     /// `out[q][l] = f(src[q][l], s[l])` for every pixel `q`.
     unsafe fn per_channel_block<T, F: Fn(T, T) -> T>(src: &[T], s: &[T], out: &mut [T], f: &F) => per_channel_block_impl
@@ -436,6 +486,50 @@ mod tests {
                 assert_eq!(*g, want, "s_batch={s_batch} at {i}");
             }
         }
+    }
+
+    /// Partial last block (its padding lanes must come out zero), enough
+    /// elements to go parallel, a fused `post`.
+    #[test]
+    fn scale_shift_is_per_channel_and_zeroes_the_padding_lanes() {
+        for &(n, c, plane) in &[(2, 11, 29), (1, 24, 4000)] {
+            let mut rng = Rng::new(11);
+            let x: Vec<f64> = rng.vec(n * c * plane);
+            let (sc, sh): (Vec<f64>, Vec<f64>) = (rng.vec(c), rng.vec(c));
+            let lanes = blocked_len(1, c, 1).unwrap();
+            let pad = |v: &[f64]| {
+                let mut p = vec![0.0; lanes];
+                p[..c].copy_from_slice(v);
+                p
+            };
+            let mut xb = vec![0.0; blocked_len(n, c, plane).unwrap()];
+            to_blocked(n, c, plane, &x, &mut xb).unwrap();
+            let mut ob = vec![f64::NAN; xb.len()];
+            let post = |b: &mut [f64]| b.iter_mut().for_each(|v| *v = v.max(0.0));
+            scale_shift(n, c, plane, &xb, &pad(&sc), &pad(&sh), &mut ob, post).unwrap();
+            let mut o2 = vec![f64::NAN; xb.len()];
+            crate::cpu::test_util::on_two_threads(|| {
+                scale_shift(n, c, plane, &xb, &pad(&sc), &pad(&sh), &mut o2, post).unwrap()
+            });
+            assert_eq!(o2, ob);
+            let cb = c.div_ceil(BLOCK);
+            for img in 0..n {
+                for ch in c..cb * BLOCK {
+                    for q in 0..plane {
+                        let at = ((img * cb + ch / BLOCK) * plane + q) * BLOCK + ch % BLOCK;
+                        assert_eq!(ob[at], 0.0, "padding lane {ch}");
+                    }
+                }
+            }
+            let mut got = vec![0.0; x.len()];
+            from_blocked(n, c, plane, &ob, &mut got).unwrap();
+            for (i, g) in got.iter().enumerate() {
+                let ch = (i / plane) % c;
+                assert_eq!(*g, (x[i] * sc[ch] + sh[ch]).max(0.0), "at {i}");
+            }
+        }
+        let mut out = vec![0.0f32; 16];
+        assert!(scale_shift(1, 3, 2, &[0.0; 16], &[0.0; 7], &[0.0; 8], &mut out, |_| ()).is_err());
     }
 
     #[test]

@@ -312,10 +312,32 @@ pub(in crate::cpu::conv2d) unsafe fn pack(
     }
 }
 
+/// Zeroes the padding positions of one block's padded buffer (`padded_h *
+/// pw * CB` elements): what [`pack`] leaves unwritten, so a reused buffer
+/// needs no full clear.
+pub(in crate::cpu::conv2d) fn zero_borders(p: &Conv2dParams, pw: usize, buf: &mut [f32]) {
+    let (top, left) = (p.padding.top, p.padding.left);
+    let row = pw * CB;
+    let inner = top + p.in_h;
+    buf[..top * row].fill(0.0);
+    buf[inner * row..p.padded_h() * row].fill(0.0);
+    for y in top..inner {
+        let r = &mut buf[y * row..][..row];
+        r[..left * CB].fill(0.0);
+        r[(left + p.in_w) * CB..].fill(0.0);
+    }
+}
+
 /// Copies the block's input pixels (`in_h * in_w` of them, `stride`
 /// elements apart in `src`, [`CB`] lanes each) into the padded buffer; the
 /// padding positions are not written.
-fn pack_pixels(p: &Conv2dParams, pw: usize, src: &[f32], stride: usize, buf: &mut [f32]) {
+pub(in crate::cpu::conv2d) fn pack_pixels(
+    p: &Conv2dParams,
+    pw: usize,
+    src: &[f32],
+    stride: usize,
+    buf: &mut [f32],
+) {
     let row = p.in_w * CB;
     for y in 0..p.in_h {
         let dst = &mut buf[((p.padding.top + y) * pw + p.padding.left) * CB..][..row];

@@ -28,7 +28,7 @@ mod blocked;
 /// Copies 8 NCHW planes into a zero-padded buffer of 8-channel pixels
 /// (see [`blocked::pack`]); the direct algorithm's blocked path shares it.
 #[cfg(target_arch = "x86_64")]
-pub(in crate::cpu::conv2d) use blocked::pack as pack_padded;
+pub(in crate::cpu::conv2d) use blocked::{pack as pack_padded, pack_pixels, zero_borders};
 
 use rayon::prelude::*;
 

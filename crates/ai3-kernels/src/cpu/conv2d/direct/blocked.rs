@@ -20,9 +20,11 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::super::{threads_for_macs, SharedMut};
-use crate::alloc::{check_len, checked_product, try_zeroed_vec, KernelResult};
-use crate::cpu::blocked::BLOCK as CB;
+use super::super::{threads_for_macs, Epilogue, SharedMut};
+use crate::alloc::{check_len, checked_product, KernelResult};
+use crate::cpu::blocked::{blocked_len, BLOCK as CB};
+use crate::cpu::conv2d::depthwise;
+use crate::cpu::scratch::with_scratch_named;
 use crate::params::Conv2dParams;
 
 /// Output blocks per register tile.
@@ -97,17 +99,41 @@ pub fn pack(
     Ok(())
 }
 
-/// The convolution `p` (one group) of NCHW `input` with weights [`pack`]ed
-/// into `packed`, into NCHW `output`. Fails, before writing anything, when
-/// a buffer has the wrong length or `p` is not [`applies`]; a refused
-/// scratch allocation fails the call.
+/// The convolution `p` (one group) of `input` with weights [`pack`]ed into
+/// `packed`, into `output`: both NCHW, or both in the channel-blocked
+/// layout when `blocked` (then `epilogue`, if any, runs on each finished
+/// row of a block, with offsets in the blocked output; NCHW output takes
+/// none). Fails, before writing anything, when a buffer has the wrong
+/// length or `p` is not [`applies`]; a refused scratch allocation fails
+/// the call.
 pub fn conv2d(
     p: &Conv2dParams,
+    blocked: bool,
     input: &[f32],
     packed: &[f32],
     output: &mut [f32],
+    epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
-    p.check_buffers(input.len(), None, output.len())?;
+    let (oh, ow) = (p.out_h(), p.out_w());
+    if blocked {
+        check_len(
+            "blocked direct input",
+            input.len(),
+            blocked_len(p.batch, p.in_channels, p.in_h * p.in_w)?,
+        )?;
+        check_len(
+            "blocked direct output",
+            output.len(),
+            blocked_len(p.batch, p.out_channels, oh * ow)?,
+        )?;
+    } else {
+        p.check_buffers(input.len(), None, output.len())?;
+        if epilogue.is_some() {
+            return Err(crate::KernelError::Precondition {
+                what: "the blocked direct convolution fuses an epilogue only into blocked output",
+            });
+        }
+    }
     check_len(
         "packed blocked direct weights",
         packed.len(),
@@ -139,13 +165,17 @@ pub fn conv2d(
     let pairs = ocb.div_ceil(OBT);
     let threads = threads_for_macs(p.macs());
     let buf_len = checked_product("padded input copy", &[icb, ph, pw, CB])?;
-    // Zeroed once: the borders stay zero, packing writes only the input's pixels.
-    let mut buf = try_zeroed_vec::<f32>(buf_len, "padded input copy")?;
-    {
-        let buf = &mut buf[..];
+    with_scratch_named::<f32, _>(buf_len, "padded input copy", |buf| {
         for n in 0..p.batch {
-            let image = &input[n * p.in_channels * plane_in..][..p.in_channels * plane_in];
             let pack_block = |(b, dst): (usize, &mut [f32])| {
+                // The buffer is reused: its borders are zeroed, the rest packed.
+                depthwise::zero_borders(p, pw, dst);
+                if blocked {
+                    let src = &input[(n * icb + b) * plane_in * CB..][..plane_in * CB];
+                    depthwise::pack_pixels(p, pw, src, CB, dst);
+                    return;
+                }
+                let image = &input[n * p.in_channels * plane_in..][..p.in_channels * plane_in];
                 let valid = CB.min(p.in_channels - b * CB);
                 // Lanes past the last channel read it again (their weights are zero).
                 let srcs: [&[f32]; CB] = std::array::from_fn(|l| {
@@ -153,7 +183,7 @@ pub fn conv2d(
                 });
                 // SAFETY: AVX2 and FMA (`applies`); `dst` is one block's
                 // padded buffer, each source one input plane.
-                unsafe { crate::cpu::conv2d::depthwise::pack_padded(p, pw, &srcs, dst) };
+                unsafe { depthwise::pack_padded(p, pw, &srcs, dst) };
             };
             if threads > 1 {
                 buf.par_chunks_mut(in_block)
@@ -163,7 +193,14 @@ pub fn conv2d(
                 buf.chunks_mut(in_block).enumerate().for_each(pack_block);
             }
             let buf = &*buf;
-            let out = SharedMut(output[n * p.out_channels * plane_out..].as_mut_ptr());
+            // Output block `ob`'s plane starts at `ob * out_block`, pixel `q`
+            // (NCHW channel `ob * CB + c`) at `q * px + c * lane`.
+            let (image_out, out_block, px, lane) = if blocked {
+                (ocb * plane_out * CB, plane_out * CB, CB, 1)
+            } else {
+                (p.out_channels * plane_out, CB * plane_out, 1, plane_out)
+            };
+            let out = SharedMut(output[n * image_out..].as_mut_ptr());
             let task = |t: usize| {
                 let out = &out;
                 let (pair, y) = (t / oh, t % oh);
@@ -197,13 +234,25 @@ pub fn conv2d(
                                 w: packed.as_ptr().add(ob * w_stride),
                                 w_stride,
                                 bias: bias.as_ptr().add(ob * CB),
-                                out: out.0.add(ob * CB * plane_out + y * ow + x),
-                                plane: plane_out,
+                                out: out.0.add(ob * out_block + (y * ow + x) * px),
+                                out_block,
+                                blocked,
+                                lane,
                                 valid,
                             },
                         )
                     };
                     x += np;
+                }
+                if let Some(e) = epilogue {
+                    for o in 0..nob {
+                        let at = n * image_out + (ob + o) * out_block + y * ow * CB;
+                        // SAFETY: row y of output block ob + o, which this
+                        // task alone wrote, is finished.
+                        e(at, unsafe {
+                            std::slice::from_raw_parts_mut(out.0.add(at - n * image_out), ow * CB)
+                        });
+                    }
                 }
             };
             let tasks = pairs * oh;
@@ -213,8 +262,7 @@ pub fn conv2d(
                 (0..tasks).for_each(task);
             }
         }
-    }
-    Ok(())
+    })
 }
 
 /// Where one register tile reads and writes.
@@ -237,10 +285,15 @@ struct Tile<'a> {
     w_stride: usize,
     /// The first output block's bias.
     bias: *const f32,
-    /// The first pixel in the first output channel's plane.
+    /// The first pixel of the first output block.
     out: *mut f32,
-    /// Elements between output planes.
-    plane: usize,
+    /// Elements between output blocks.
+    out_block: usize,
+    /// Whether the output is channel-blocked (pixels of `CB` lanes) rather
+    /// than NCHW.
+    blocked: bool,
+    /// NCHW: elements between output channels' planes.
+    lane: usize,
     /// Channels of each output block of the tile.
     valid: [usize; OBT],
 }
@@ -277,34 +330,51 @@ unsafe fn tile_n<const OB: usize, const P: usize>(t: &Tile<'_>) {
         let mut acc: [[__m256; P]; OB] =
             std::array::from_fn(|o| [_mm256_loadu_ps(t.bias.add(o * CB)); P]);
         let ntaps = t.taps.len();
+        // One input channel of one tap: OB weight vectors, a broadcast per pixel.
+        let step = |acc: &mut [[__m256; P]; OB], xt: *const f32, wt: *const f32, l: usize| {
+            let wv: [__m256; OB] =
+                std::array::from_fn(|o| _mm256_loadu_ps(wt.add(o * t.w_stride + l * CB)));
+            for p in 0..P {
+                let xv = _mm256_broadcast_ss(&*xt.add(p * t.step + l));
+                for o in 0..OB {
+                    acc[o][p] = _mm256_fmadd_ps(wv[o], xv, acc[o][p]);
+                }
+            }
+        };
         for b in 0..t.icb {
-            let lanes = if b + 1 == t.icb { t.last_lanes } else { CB };
             let xb = t.x.add(b * t.x_block);
             let wb = t.w.add(b * ntaps * CB * CB);
+            let lanes = if b + 1 == t.icb { t.last_lanes } else { CB };
             for (k, &off) in t.taps.iter().enumerate() {
-                let xt = xb.add(off);
-                let wt = wb.add(k * CB * CB);
-                for l in 0..lanes {
-                    let wv: [__m256; OB] =
-                        std::array::from_fn(|o| _mm256_loadu_ps(wt.add(o * t.w_stride + l * CB)));
-                    for p in 0..P {
-                        let xv = _mm256_broadcast_ss(&*xt.add(p * t.step + l));
-                        for o in 0..OB {
-                            acc[o][p] = _mm256_fmadd_ps(wv[o], xv, acc[o][p]);
-                        }
+                let (xt, wt) = (xb.add(off), wb.add(k * CB * CB));
+                if lanes == CB {
+                    // A whole block: a constant count the compiler unrolls.
+                    for l in 0..CB {
+                        step(&mut acc, xt, wt, l);
+                    }
+                } else {
+                    for l in 0..lanes {
+                        step(&mut acc, xt, wt, l);
                     }
                 }
             }
         }
         for o in 0..OB {
+            let out = t.out.add(o * t.out_block);
+            if t.blocked {
+                // Padding lanes have zero weights and bias: they store zeros.
+                for p in 0..P {
+                    _mm256_storeu_ps(out.add(p * CB), acc[o][p]);
+                }
+                continue;
+            }
             let mut tmp = [[0.0f32; CB]; P];
             for p in 0..P {
                 _mm256_storeu_ps(tmp[p].as_mut_ptr(), acc[o][p]);
             }
-            let out = t.out.add(o * CB * t.plane);
             for c in 0..t.valid[o] {
                 for p in 0..P {
-                    *out.add(c * t.plane + p) = tmp[p][c];
+                    *out.add(c * t.lane + p) = tmp[p][c];
                 }
             }
         }
@@ -314,6 +384,7 @@ unsafe fn tile_n<const OB: usize, const P: usize>(t: &Tile<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::blocked::{from_blocked, to_blocked};
     use crate::cpu::test_util::{assert_close, cast, conv_grid, reference_conv, Rng};
     use crate::params::Padding2d;
 
@@ -327,8 +398,30 @@ mod tests {
             let b32 = bias.map(cast::<f32>);
             pack(p, &cast::<f32>(&w), b32.as_deref(), &mut packed).unwrap();
             let mut out = vec![f32::NAN; p.output_len()];
-            conv2d(p, &cast::<f32>(&x), &packed, &mut out).unwrap();
+            conv2d(p, false, &cast::<f32>(&x), &packed, &mut out, None).unwrap();
             assert_close(&out, &want, 1e-5, &format!("{p:?} bias={}", bias.is_some()));
+            // Blocked in and out, with a fused ReLU: the same values, and
+            // zeros in the output's padding lanes.
+            let plane_out = p.out_h() * p.out_w();
+            let (in_plane, ocb) = (p.in_h * p.in_w, p.out_channels.div_ceil(CB));
+            let mut xb = vec![0f32; blocked_len(p.batch, p.in_channels, in_plane).unwrap()];
+            to_blocked(p.batch, p.in_channels, in_plane, &cast::<f32>(&x), &mut xb).unwrap();
+            let mut ob = vec![f32::NAN; blocked_len(p.batch, p.out_channels, plane_out).unwrap()];
+            let relu = |_: usize, s: &mut [f32]| s.iter_mut().for_each(|v| *v = v.max(0.0));
+            conv2d(p, true, &xb, &packed, &mut ob, Some(&relu)).unwrap();
+            for (i, v) in ob.iter().enumerate() {
+                let ch = (i / (plane_out * CB)) % ocb * CB + i % CB;
+                assert!(ch < p.out_channels || *v == 0.0, "padding lane {ch}: {v}");
+            }
+            let mut got = vec![f32::NAN; p.output_len()];
+            from_blocked(p.batch, p.out_channels, plane_out, &ob, &mut got).unwrap();
+            let want: Vec<f64> = want.iter().map(|v| v.max(0.0)).collect();
+            assert_close(
+                &got,
+                &want,
+                1e-5,
+                &format!("blocked {p:?} bias={}", bias.is_some()),
+            );
         }
     }
 
@@ -381,9 +474,12 @@ mod tests {
         assert!(!applies(&p));
         let packed = vec![0f32; packed_len(&p).unwrap()];
         let (x, mut out) = (vec![0f32; p.input_len()], vec![0f32; p.output_len()]);
-        assert!(conv2d(&p, &x, &packed, &mut out).is_err());
+        assert!(conv2d(&p, false, &x, &packed, &mut out, None).is_err());
         let p = Conv2dParams { groups: 1, ..p };
-        assert!(conv2d(&p, &x[1..], &packed, &mut out).is_err());
-        assert!(conv2d(&p, &x, &packed[1..], &mut out).is_err());
+        assert!(conv2d(&p, false, &x[1..], &packed, &mut out, None).is_err());
+        assert!(conv2d(&p, false, &x, &packed[1..], &mut out, None).is_err());
+        assert!(conv2d(&p, true, &x, &packed, &mut out, None).is_err());
+        let e = |_: usize, _: &mut [f32]| ();
+        assert!(conv2d(&p, false, &x, &packed, &mut out, Some(&e)).is_err());
     }
 }

@@ -101,6 +101,29 @@ pub fn runs_blocked<T: Float>(p: &Conv2dParams) -> bool {
     on_blocks::<T>(p, false)
 }
 
+/// Direct convolution in the channel-blocked layout
+/// ([`crate::cpu::blocked`]): `input` and `output` are the blocked forms of
+/// the NCHW tensors, `packed` as [`pack`] leaves it for f32; `epilogue` gets
+/// offsets in the blocked output. `p` must satisfy [`runs_blocked`] for
+/// f32.
+pub fn conv2d_blocked(
+    p: &Conv2dParams,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    epilogue: Option<super::Epilogue<f32>>,
+) -> KernelResult<()> {
+    #[cfg(target_arch = "x86_64")]
+    return blocked::conv2d(p, true, input, packed, output, epilogue);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (p, input, packed, output, epilogue);
+        Err(crate::KernelError::Precondition {
+            what: "the blocked direct convolution needs x86-64 with AVX2 and FMA",
+        })
+    }
+}
+
 /// Length of what [`pack`] writes for `T` (`p` has passed
 /// [`Conv2dParams::check_sizes`]).
 pub fn packed_len<T: Float>(p: &Conv2dParams) -> KernelResult<usize> {
@@ -225,7 +248,7 @@ fn run_packed<T: Float>(
     if on_blocks::<T>(p, portable) {
         use crate::float::{as_f32, as_f32_mut};
         if let (Some(x), Some(w), Some(out)) = (as_f32(input), as_f32(packed), as_f32_mut(output)) {
-            return blocked::conv2d(p, x, w, out);
+            return blocked::conv2d(p, false, x, w, out, None);
         }
     }
     p.check_buffers(input.len(), None, output.len())?;
