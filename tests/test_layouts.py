@@ -155,10 +155,12 @@ def test_edges_of_blocked_runs_match_pytorch(batch):
     rows = model.summary(tuple(x.shape))
     if BLOCKED:
         assert any(r["layout"] == "NCHW8c" for r in rows)
-        # The max pooling reads the first convolution's blocked output
-        # through a reorder to NCHW; outputs leave blocked runs the same way.
+        # The max pooling reads the first convolution's blocked output as
+        # it is; its own output, a graph output, leaves through a reorder
+        # to NCHW, as the others do.
         maxpool = next(r for r in rows if r["op"] == "maxpool2d")
-        assert maxpool["layout"] == "NCHW" and maxpool["reorders"], rows
+        assert maxpool["layout"] == "NCHW8c", rows
+        assert [x.endswith("-> NCHW") for x in maxpool["reorders"]] == [True], rows
     model.blocked_layouts = False
     for g, w in zip(model(x), want, strict=True):
         assert_close(g, w)
@@ -337,7 +339,7 @@ def test_dense_blocks_run_blocked_through_norms_and_concatenations(batch, growth
     for r in rows:
         by_op.setdefault(r["op"].split("+")[0], set()).add(r["layout"])
     if BLOCKED and growth == 8:
-        for op in ("cat", "batchnorm2d", "conv2d"):
+        for op in ("cat", "batchnorm2d", "conv2d", "avgpool2d"):
             assert "NCHW8c" in by_op[op], rows
         assert all(r["layout"] == "NCHW8c" for r in rows if r["op"] == "cat"), rows
     elif BLOCKED:
@@ -373,6 +375,79 @@ def test_basic_blocks_fuse_their_residual_into_the_blocked_direct_kernel():
     assert {r["layout"] for r in rows} == ({"NCHW8c"} if BLOCKED else {"NCHW"}), rows
     model.blocked_layouts = False
     assert_close(model(x), want)
+
+
+class Fire(nn.Module):
+    """SqueezeNet's module: squeeze (1x1), then 1x1 and 3x3 expansions
+    concatenated."""
+
+    def __init__(self, c: int, squeeze: int, expand: int):
+        super().__init__()
+        self.squeeze = nn.Sequential(nn.Conv2d(c, squeeze, 1), nn.ReLU())
+        self.e1 = nn.Sequential(nn.Conv2d(squeeze, expand, 1), nn.ReLU())
+        self.e3 = nn.Sequential(nn.Conv2d(squeeze, expand, 3, padding=1), nn.ReLU())
+
+    def forward(self, x):
+        s = self.squeeze(x)
+        return torch.cat([self.e1(s), self.e3(s)], 1)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("ceil_mode", [True, False])
+def test_fire_modules_and_max_pooling_run_blocked(batch, ceil_mode):
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 32, 3, 2),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, ceil_mode=ceil_mode),
+        Fire(32, 16, 32),
+        Fire(64, 16, 32),
+        nn.MaxPool2d(3, 2, 1),
+        Fire(64, 24, 48),
+        nn.AvgPool2d(2, ceil_mode=ceil_mode),
+        nn.Conv2d(96, 10, 1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+    ).eval()
+    x = torch.randn(batch, 3, 47, 45)
+    want = reference(net, x)
+    model = ai3.convert(net, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), want)
+    rows = model.summary(tuple(x.shape))
+    pools = [r["layout"] for r in rows if r["op"] in ("maxpool2d", "avgpool2d")]
+    cats = {r["layout"] for r in rows if r["op"] == "cat"}
+    if BLOCKED:
+        # The first pooling reads the stem's NCHW output: run NCHW, it hands
+        # the blocked run a quarter of the elements to reorder.
+        assert pools == ["NCHW", "NCHW8c", "NCHW8c"] and cats == {"NCHW8c"}, rows
+        first = next(i for i, r in enumerate(rows) if r["op"] == "maxpool2d")
+        assert not rows[first]["reorders"] and rows[first + 1]["reorders"], rows
+    else:
+        assert set(pools) == cats == {"NCHW"}, rows
+    model.blocked_layouts = False
+    assert_close(model(x), want)
+
+
+def test_a_plan_outlives_a_change_of_thread_count():
+    # 'default' follows the thread count: with two threads these thin 3x3
+    # layers go to the blocked direct kernel and the plan keeps them
+    # blocked; with one, 'default' would pick GEMM's tiles. The cached plan
+    # still runs (through NCHW for those nodes) and gives the same values.
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 3, padding=1)
+    ).eval()
+    x = torch.randn(2, 8, 24, 24)
+    want = reference(net, x)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        model = ai3.convert(net)
+        assert_close(model(x), want)
+        torch.set_num_threads(1)
+        assert_close(model(x), want)
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ---- channels-last inputs ---------------------------------------------------------------

@@ -6,7 +6,10 @@
 //! 1x1 convolutions, global average pooling), which declares what it gains
 //! over its NCHW kernel, or elementwise (activations, adds and products of
 //! blocked values), which run their usual kernel over the blocked buffers.
-//! Candidates connected through the values between them form regions; a
+//! A kernel that saves nothing (pooling, batch norm, concatenation) and
+//! reads no candidate's output is left out when its output is smaller than
+//! what it reads: the run then starts after it, reordering less. Candidates
+//! connected through the values between them form regions; a
 //! region goes blocked when its kernels gain more than its reorders cost
 //! (every value entering it is reordered in, every value leaving it, to an
 //! NCHW reader or a graph output, is reordered out), both counted in
@@ -30,8 +33,12 @@
 //! write its output so ([`Operation::channels_last`], decided per plan in
 //! the graph's executor), which is the case of a swapped layer.
 
+use ai3_kernels::cpu::blocked;
+
 use crate::dtype::DType;
+use crate::error::{Error, Result};
 use crate::ops::Operation;
+use crate::tensor::{shape_str, Tensor};
 
 pub use ai3_kernels::cpu::blocked::BLOCK;
 
@@ -78,6 +85,47 @@ pub fn blocked_shape(shape: &[usize]) -> Vec<usize> {
         [n, c, h, w] => vec![n, c.div_ceil(BLOCK), h, w, BLOCK],
         _ => shape.to_vec(),
     }
+}
+
+/// Runs `op`'s NCHW kernel for blocked `inputs` (tensors of the physical
+/// shapes, `shapes` the logical ones) into the blocked `output` of logical
+/// shape `out_shape`: each input reordered to NCHW, the output back. For a
+/// node planned blocked whose blocked kernel no longer applies (its
+/// `'default'` algorithm depends on the thread count, which may change
+/// after the plan was made), so the run stays right, at the reorders' cost.
+pub(crate) fn via_nchw(
+    op: &dyn Operation,
+    inputs: &[&Tensor],
+    shapes: &[&[usize]],
+    out_shape: &[usize],
+    output: &mut Tensor,
+) -> Result<()> {
+    let dims = |s: &[usize]| match *s {
+        [n, c, h, w] => Ok((n, c, h * w)),
+        _ => Err(Error::internal(
+            op.kind().name(),
+            format!("a blocked value of shape {} is not 4-D", shape_str(s)),
+        )),
+    };
+    let reordered = |t: &Tensor, s: &[usize], to_nchw: bool, dst: &mut Tensor| -> Result<()> {
+        let (n, c, plane) = dims(s)?;
+        let done = if to_nchw {
+            blocked::from_blocked(n, c, plane, t.as_slice::<f32>()?, dst.as_mut_slice()?)
+        } else {
+            blocked::to_blocked(n, c, plane, t.as_slice::<f32>()?, dst.as_mut_slice()?)
+        };
+        crate::ops::kernel_result(op.kind(), done, || "a reorder".into())
+    };
+    let mut nchw = Vec::with_capacity(inputs.len());
+    for (t, s) in inputs.iter().zip(shapes) {
+        let mut d = Tensor::zeros(DType::F32, s)?;
+        reordered(t, s, true, &mut d)?;
+        nchw.push(d);
+    }
+    let refs: Vec<&Tensor> = nchw.iter().collect();
+    let mut out = Tensor::zeros(DType::F32, out_shape)?;
+    op.forward(&refs, &mut out)?;
+    reordered(&out, out_shape, false, output)
 }
 
 /// The layouts of one plan: per node how it runs on blocked values
@@ -127,8 +175,16 @@ pub(crate) fn plan(
             .inputs
             .iter()
             .any(|&v| produced_by[v].is_some_and(|p| support[p] != Blocked::No));
+        // A kernel that saves nothing, first in its run, only moves the
+        // reorder into the run from its input to its output: it stays NCHW
+        // when its output is the smaller (a max pooling after a stem).
+        let shrinks = || {
+            let read: usize = node.inputs.iter().map(|&v| numel(v)).sum();
+            read > numel(node.output)
+        };
         support[i] = match s {
             Blocked::Elementwise if !feeds => Blocked::No,
+            Blocked::Kernel { gain: 0 } if !feeds && shrinks() => Blocked::No,
             s => s,
         };
     }

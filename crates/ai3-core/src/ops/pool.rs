@@ -113,6 +113,21 @@ impl Window {
         Ok((p, batched))
     }
 
+    /// How a pooling over this window runs on blocked values: with its
+    /// own kernel (saving nothing, but keeping a blocked run going) for a
+    /// batched input with a non-empty output, by a built-in algorithm.
+    fn blocked(&self, op: OpKind, algorithm: Algorithm, inputs: &[&[usize]]) -> Blocked {
+        match inputs {
+            [shape @ [_, _, _, _]] if algorithm != Algorithm::Custom => {
+                match self.params(op, shape) {
+                    Ok((p, _)) if p.out_h() * p.out_w() > 0 => Blocked::Kernel { gain: 0 },
+                    _ => Blocked::No,
+                }
+            }
+            _ => Blocked::No,
+        }
+    }
+
     fn output_shape(&self, op: OpKind, shape: &[usize]) -> Result<Vec<usize>> {
         let (p, batched) = self.params(op, shape)?;
         Ok(image_shape(
@@ -159,6 +174,25 @@ impl Operation for MaxPool2d {
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         self.window
             .output_shape(OpKind::MaxPool2d, single(OpKind::MaxPool2d, inputs)?)
+    }
+    fn blocked(&self, inputs: &[&[usize]]) -> Blocked {
+        self.window
+            .blocked(OpKind::MaxPool2d, self.algorithm, inputs)
+    }
+    fn forward_blocked(
+        &self,
+        inputs: &[&Tensor],
+        shapes: &[&[usize]],
+        output: &mut Tensor,
+    ) -> Result<()> {
+        let op = OpKind::MaxPool2d;
+        let (x, shape) = (single(op, inputs)?, single(op, shapes)?);
+        let (p, _) = self.window.params(op, shape)?;
+        kernel_result(
+            op,
+            pool::maxpool2d_blocked::<f32>(&p, x.as_slice()?, output.as_mut_slice()?),
+            || format!("input shape {}, channel-blocked layout", shape_str(shape)),
+        )
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::MaxPool2d, inputs)?;
@@ -228,6 +262,30 @@ impl Operation for AvgPool2d {
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
         self.window
             .output_shape(OpKind::AvgPool2d, single(OpKind::AvgPool2d, inputs)?)
+    }
+    fn blocked(&self, inputs: &[&[usize]]) -> Blocked {
+        self.window
+            .blocked(OpKind::AvgPool2d, self.algorithm, inputs)
+    }
+    fn forward_blocked(
+        &self,
+        inputs: &[&Tensor],
+        shapes: &[&[usize]],
+        output: &mut Tensor,
+    ) -> Result<()> {
+        let op = OpKind::AvgPool2d;
+        let (x, shape) = (single(op, inputs)?, single(op, shapes)?);
+        let (p, _) = self.window.params(op, shape)?;
+        kernel_result(
+            op,
+            pool::avgpool2d_blocked::<f32>(
+                &p,
+                &self.options,
+                x.as_slice()?,
+                output.as_mut_slice()?,
+            ),
+            || format!("input shape {}, channel-blocked layout", shape_str(shape)),
+        )
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::AvgPool2d, inputs)?;

@@ -44,8 +44,21 @@ pub fn avgpool2d<T: Float>(
             what: "average pooling has no dilation",
         });
     }
-    let (oh, ow) = (p.out_h(), p.out_w());
-    // The divisor of window (y, x) is a row factor times a column factor.
+    let (rows, cols) = divisors::<T>(p, opts)?;
+    pool(p, Reduce::Sum, input, output, |y, out| {
+        let r = rows[y];
+        for (o, &c) in out.iter_mut().zip(&cols) {
+            *o = *o / (r * c);
+        }
+    })
+}
+
+/// The divisor of output `(y, x)` as a row factor times a column factor
+/// (`divisor_override` folded into the rows): `(rows, cols)`.
+pub(super) fn divisors<T: Float>(
+    p: &Pool2dParams,
+    opts: &AvgPoolOptions,
+) -> KernelResult<(Vec<T>, Vec<T>)> {
     let factor = |o: usize, stride: usize, pad: usize, kernel: usize, len: usize| {
         let (start, end, clipped_start, clipped_end) = window(o, stride, pad, kernel, len);
         let count = match opts.divisor_override {
@@ -58,18 +71,13 @@ pub fn avgpool2d<T: Float>(
     let override_t = opts
         .divisor_override
         .map_or_else(T::one, |d| T::from_usize(d).unwrap_or_else(T::nan));
-    let rows = try_table(oh, |y| {
+    let rows = try_table(p.out_h(), |y| {
         override_t * factor(y, p.stride.0, p.padding.0, p.kernel.0, p.in_h)
     })?;
-    let cols = try_table(ow, |x| {
+    let cols = try_table(p.out_w(), |x| {
         factor(x, p.stride.1, p.padding.1, p.kernel.1, p.in_w)
     })?;
-    pool(p, Reduce::Sum, input, output, |y, out| {
-        let r = rows[y];
-        for (o, &c) in out.iter_mut().zip(&cols) {
-            *o = *o / (r * c);
-        }
-    })
+    Ok((rows, cols))
 }
 
 #[cfg(test)]

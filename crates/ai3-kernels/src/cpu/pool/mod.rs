@@ -2,15 +2,18 @@
 //!
 //! Each kernel runs one rayon task per `(batch, channel)` plane; windows are
 //! clipped to the input, so padding is never materialised. Max and average
-//! pooling share one separable driver (`separable`).
+//! pooling share one separable driver (`separable`); their channel-blocked
+//! forms (`blocked`) reduce whole pixels of 8 channels.
 
 mod adaptive;
 mod avg;
+mod blocked;
 mod max;
 mod separable;
 
 pub use adaptive::{adaptive_avgpool2d, adaptive_maxpool2d};
 pub use avg::avgpool2d;
+pub use blocked::{avgpool2d_blocked, maxpool2d_blocked};
 pub use max::maxpool2d;
 
 use rayon::prelude::*;

@@ -31,7 +31,7 @@ impl Reduce {
     }
 
     /// The result over no element.
-    fn identity<T: Float>(self) -> T {
+    pub(super) fn identity<T: Float>(self) -> T {
         match self {
             Reduce::Max => T::neg_infinity(),
             Reduce::Sum => T::zero(),
@@ -45,7 +45,7 @@ impl Reduce {
 /// in place (`*a = nan_max(*a, v)`) would otherwise vectorise into masked
 /// stores, which cost ~10x a plain store on AMD's cores.
 #[inline(always)]
-fn nan_max<T: Float>(acc: T, v: T) -> T {
+pub(super) fn nan_max<T: Float>(acc: T, v: T) -> T {
     // `maxps` order: a NaN `v` wins; a NaN `acc` is carried by the sum.
     let m = if acc > v { acc } else { v };
     if acc.is_nan() {
@@ -56,7 +56,7 @@ fn nan_max<T: Float>(acc: T, v: T) -> T {
 }
 
 #[inline(always)]
-fn add<T: Float>(a: T, b: T) -> T {
+pub(super) fn add<T: Float>(a: T, b: T) -> T {
     a + b
 }
 
@@ -116,7 +116,7 @@ pub(super) fn taps_inside(
 
 /// Where output row `y`'s window starts (`y * stride - pad`) and which of
 /// its taps land inside the input; one entry per output row or column.
-type Taps = (isize, std::ops::Range<usize>);
+pub(super) type Taps = (isize, std::ops::Range<usize>);
 
 multiversion! {
     /// `folded[y]` = the input rows of output row `y`'s window (`rows[y]`,
@@ -278,6 +278,36 @@ unsafe fn windows_impl<T: Float>(reduce: Reduce, folded: &[T], out: &mut [T], c:
     })
 }
 
+/// Where each output row's and column's window starts (`o * stride -
+/// pad`) and which of its taps land inside the input: the same for every
+/// plane, so found once per call.
+pub(super) fn window_taps(p: &Pool2dParams) -> KernelResult<(Vec<Taps>, Vec<Taps>)> {
+    let table = |out: usize, s: usize, pad: usize, k: usize, d: usize, n: usize| {
+        try_table(out, |o| {
+            let start = (o * s) as isize - pad as isize;
+            (start, taps_inside(start, k, d, n))
+        })
+    };
+    Ok((
+        table(
+            p.out_h(),
+            p.stride.0,
+            p.padding.0,
+            p.kernel.0,
+            p.dilation.0,
+            p.in_h,
+        )?,
+        table(
+            p.out_w(),
+            p.stride.1,
+            p.padding.1,
+            p.kernel.1,
+            p.dilation.1,
+            p.in_w,
+        )?,
+    ))
+}
+
 /// Pools every plane of `input` into `output` by `reduce` over the in-bounds
 /// taps of each window (padding is never read), then calls `finish(y, row)`
 /// on each output row (average pooling divides there).
@@ -300,11 +330,7 @@ pub(super) fn pool<T: Float>(
     let (x_lo, x_hi) = interior(ow, iw, kw, sw, pw, dw);
     // Every plane has the same windows: their in-bounds taps, found once.
     let start = |o: usize, s: usize, pad: usize| (o * s) as isize - pad as isize;
-    let rows = try_table(oh, |y| {
-        let y0 = start(y, sh, ph);
-        (y0, taps_inside(y0, kh, dh, ih))
-    })?;
-    let cols = try_table(ow, |x| taps_inside(start(x, sw, pw), kw, dw, iw))?;
+    let (rows, cols) = window_taps(p)?;
     // Output rows whose windows, 1 apart, all lie inside the input.
     let flat_rows = if sh == 1 {
         interior(oh, ih, kh, sh, ph, dh)
@@ -327,6 +353,7 @@ pub(super) fn pool<T: Float>(
                 for x in (0..x_lo).chain(x_hi..ow) {
                     let x0 = start(x, sw, pw);
                     out[x] = cols[x]
+                        .1
                         .clone()
                         .map(|kx| folded[(x0 + (kx * dw) as isize) as usize])
                         .fold(reduce.identity(), |a, b| reduce.apply(a, b));

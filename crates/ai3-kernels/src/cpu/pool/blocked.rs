@@ -1,0 +1,232 @@
+//! Max and average pooling in the channel-blocked layout
+//! ([`crate::cpu::blocked`]): each pixel holds 8 channels side by side, so
+//! a window's taps are whole vectors, reduced lane by lane, and every lane
+//! is useful whatever the plane's width. The windows (in-bounds taps,
+//! divisors) are those of the NCHW kernels, found once per call.
+
+use super::avg::divisors;
+use super::for_each_plane;
+use super::separable::{add, nan_max, window_taps, Reduce, Taps};
+use crate::alloc::{check_len, KernelError, KernelResult};
+use crate::cpu::blocked::{blocked_len, BLOCK};
+use crate::isa::multiversion;
+use crate::params::{AvgPoolOptions, Pool2dParams};
+use crate::Float;
+
+/// [`maxpool2d`](super::maxpool2d) on the blocked forms of its input and
+/// output. A buffer of the wrong length is an error before anything is
+/// written.
+pub fn maxpool2d_blocked<T: Float>(
+    p: &Pool2dParams,
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    pool(p, Reduce::Max, input, output, None)
+}
+
+/// [`avgpool2d`](super::avgpool2d) on the blocked forms of its input and
+/// output (the padding lanes stay zero). A buffer of the wrong length, or a
+/// dilation, is an error before anything is written.
+pub fn avgpool2d_blocked<T: Float>(
+    p: &Pool2dParams,
+    opts: &AvgPoolOptions,
+    input: &[T],
+    output: &mut [T],
+) -> KernelResult<()> {
+    if p.dilation != (1, 1) {
+        return Err(KernelError::Precondition {
+            what: "average pooling has no dilation",
+        });
+    }
+    let (rows, cols) = divisors::<T>(p, opts)?;
+    pool(p, Reduce::Sum, input, output, Some((&rows, &cols)))
+}
+
+fn pool<T: Float>(
+    p: &Pool2dParams,
+    reduce: Reduce,
+    input: &[T],
+    output: &mut [T],
+    divisors: Option<(&[T], &[T])>,
+) -> KernelResult<()> {
+    let (in_plane, out_plane) = (p.in_h * p.in_w, p.out_h() * p.out_w());
+    check_len(
+        "blocked pooling input",
+        input.len(),
+        blocked_len(p.batch, p.channels, in_plane)?,
+    )?;
+    check_len(
+        "blocked pooling output",
+        output.len(),
+        blocked_len(p.batch, p.channels, out_plane)?,
+    )?;
+    let (rows, cols) = window_taps(p)?;
+    let g = Geometry {
+        iw: p.in_w,
+        dilation: p.dilation,
+        rows: &rows,
+        cols: &cols,
+        divisors,
+    };
+    for_each_plane(
+        input,
+        in_plane * BLOCK,
+        output,
+        out_plane * BLOCK,
+        |src, dst| {
+            // SAFETY: plain Rust on slices, compiled for the ISA level in use.
+            unsafe {
+                match reduce {
+                    Reduce::Max => plane(src, dst, &g, nan_max::<T>),
+                    Reduce::Sum => plane(src, dst, &g, add::<T>),
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The windows of one call, shared by every plane.
+struct Geometry<'a, T> {
+    iw: usize,
+    dilation: (usize, usize),
+    rows: &'a [Taps],
+    cols: &'a [Taps],
+    divisors: Option<(&'a [T], &'a [T])>,
+}
+
+multiversion! {
+    /// One blocked plane: `dst[y][x][l]` = `f` over the in-bounds taps of
+    /// window `(y, x)` of `src[.][.][l]`, divided when `g.divisors` says.
+    unsafe fn plane<T, F: Fn(T, T) -> T>(src: &[T], dst: &mut [T], g: &Geometry<'_, T>, f: F) => plane_impl
+}
+
+#[inline(always)]
+unsafe fn plane_impl<T: Float, F: Fn(T, T) -> T>(
+    src: &[T],
+    dst: &mut [T],
+    g: &Geometry<'_, T>,
+    f: F,
+) {
+    let ow = g.cols.len();
+    for (y, (y0, ty)) in g.rows.iter().enumerate() {
+        for (x, (x0, tx)) in g.cols.iter().enumerate() {
+            // Sums and maxima both start from the first tap: a window has
+            // at least one (PyTorch's padding is at most half the window).
+            let mut acc: Option<[T; BLOCK]> = None;
+            for ky in ty.clone() {
+                let iy = (y0 + (ky * g.dilation.0) as isize) as usize;
+                for kx in tx.clone() {
+                    let ix = (x0 + (kx * g.dilation.1) as isize) as usize;
+                    let px: &[T; BLOCK] = (&src[(iy * g.iw + ix) * BLOCK..][..BLOCK])
+                        .try_into()
+                        .expect("a whole pixel");
+                    acc = Some(match acc {
+                        None => *px,
+                        Some(a) => std::array::from_fn(|l| f(a[l], px[l])),
+                    });
+                }
+            }
+            let mut v = acc.unwrap_or([T::nan(); BLOCK]);
+            if let Some((rows, cols)) = g.divisors {
+                let d = rows[y] * cols[x];
+                v = v.map(|e| e / d);
+            }
+            dst[(y * ow + x) * BLOCK..][..BLOCK].copy_from_slice(&v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::blocked::{from_blocked, to_blocked};
+    use crate::cpu::pool::{avgpool2d, maxpool2d};
+    use crate::cpu::test_util::Rng;
+
+    /// Against the NCHW kernels: strides, padding, dilation, ceil_mode,
+    /// partial channel blocks, NaNs, on this thread and on two.
+    #[test]
+    fn blocked_pooling_matches_the_nchw_kernels() {
+        let case = |batch, channels, in_h, in_w, k, s, pad, d, ceil_mode| Pool2dParams {
+            batch,
+            channels,
+            in_h,
+            in_w,
+            kernel: (k, k),
+            stride: (s, s),
+            padding: (pad, pad),
+            dilation: (d, d),
+            ceil_mode,
+        };
+        let cases = [
+            case(1, 64, 111, 111, 3, 2, 0, 1, true),
+            case(2, 13, 14, 12, 2, 2, 0, 1, false),
+            case(1, 8, 9, 11, 3, 1, 1, 1, false),
+            case(2, 5, 10, 7, 3, 2, 1, 2, true),
+            case(1, 16, 7, 7, 7, 1, 3, 1, false),
+            case(1, 3, 1, 1, 1, 1, 0, 1, false),
+        ];
+        let run = || {
+            let mut rng = Rng::new(4);
+            for p in &cases {
+                let (ip, op) = (p.in_h * p.in_w, p.out_h() * p.out_w());
+                let mut x: Vec<f64> = rng.vec(p.batch * p.channels * ip);
+                let at = (ip + 2) % x.len();
+                x[at] = f64::NAN;
+                let mut xb = vec![0.0; blocked_len(p.batch, p.channels, ip).unwrap()];
+                to_blocked(p.batch, p.channels, ip, &x, &mut xb).unwrap();
+                let opts = [
+                    AvgPoolOptions {
+                        count_include_pad: true,
+                        divisor_override: None,
+                    },
+                    AvgPoolOptions {
+                        count_include_pad: false,
+                        divisor_override: None,
+                    },
+                    AvgPoolOptions {
+                        count_include_pad: false,
+                        divisor_override: Some(3),
+                    },
+                ];
+                let mut want = vec![0.0; p.batch * p.channels * op];
+                let mut ob = vec![f64::INFINITY; blocked_len(p.batch, p.channels, op).unwrap()];
+                let mut got = vec![0.0; want.len()];
+                let mut check = |want: &[f64], ob: &[f64], what: &str| {
+                    from_blocked(p.batch, p.channels, op, ob, &mut got).unwrap();
+                    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                        let same = g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() < 1e-12;
+                        assert!(same, "{what} {p:?} at {i}: {g} vs {w}");
+                    }
+                    let cb = p.channels.div_ceil(BLOCK);
+                    for (i, v) in ob.iter().enumerate() {
+                        let ch = (i / (op * BLOCK)) % cb * BLOCK + i % BLOCK;
+                        assert!(
+                            ch < p.channels || *v == 0.0,
+                            "{what} padding lane {ch}: {v}"
+                        );
+                    }
+                };
+                maxpool2d(p, &x, &mut want).unwrap();
+                maxpool2d_blocked(p, &xb, &mut ob).unwrap();
+                check(&want, &ob, "max");
+                if p.dilation == (1, 1) {
+                    for o in &opts {
+                        avgpool2d(p, o, &x, &mut want).unwrap();
+                        avgpool2d_blocked(p, o, &xb, &mut ob).unwrap();
+                        check(&want, &ob, "avg");
+                    }
+                } else {
+                    assert!(avgpool2d_blocked(p, &opts[0], &xb, &mut ob).is_err());
+                }
+            }
+        };
+        run();
+        crate::cpu::test_util::on_two_threads(run);
+        let p = case(1, 3, 4, 4, 2, 2, 0, 1, false);
+        let (x, mut o) = (vec![0.0f32; 32], vec![0.0f32; 32]);
+        assert!(maxpool2d_blocked(&p, &x[1..], &mut o).is_err());
+        assert!(maxpool2d_blocked(&p, &x, &mut o[1..]).is_err());
+    }
+}
