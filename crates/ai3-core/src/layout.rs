@@ -2,8 +2,9 @@
 //! see [`ai3_kernels::cpu::blocked`]) and where the graph reorders.
 //!
 //! Each operation says, for its input shapes, whether it can run on blocked
-//! values ([`Operation::blocked`]): with a kernel of its own (depthwise and
-//! 1x1 convolutions, global average pooling), which declares what it gains
+//! values ([`Operation::blocked`]): with a kernel of its own (depthwise,
+//! 1x1 and other `direct` convolutions, batch norm, pooling,
+//! concatenation of whole channel blocks), which declares what it gains
 //! over its NCHW kernel, or elementwise (activations, adds and products of
 //! blocked values), which run their usual kernel over the blocked buffers.
 //! A kernel that saves nothing (pooling, batch norm, concatenation) and
@@ -15,8 +16,13 @@
 //! NCHW reader or a graph output, is reordered out), both counted in
 //! elements moved. MobileNet's and EfficientNet's inverted residual blocks
 //! thus run blocked from the first depthwise convolution to the global
-//! pooling, with one reorder at each end, where ResNet's 1x1 convolutions,
-//! between 3x3 ones that have no blocked kernel, stay NCHW.
+//! pooling, with one reorder at each end, and DenseNet's dense blocks from
+//! one transition to the next, where ResNet's 1x1 convolutions run blocked
+//! between 3x3 ones that Winograd runs NCHW, with reorders around those.
+//!
+//! A plan is kept per input shape, but `'default'` follows the thread
+//! count: a node planned blocked whose algorithm has no blocked kernel any
+//! more runs its NCHW kernel between reorders (`via_nchw`).
 //!
 //! The padding lanes of a blocked value (past the channel count in its last
 //! block) hold finite values that never reach a real channel: reorders and
