@@ -14,7 +14,13 @@
 //! Weights are packed once ([`pack`]): `[out block][in block][tap][input
 //! lane][8 output lanes]`, then the bias. Each image is split into tasks of
 //! (pair of output blocks, output row); a row is cut into tiles of equal
-//! size so no tile runs nearly empty. Results go to the NCHW output.
+//! size so no tile runs nearly empty. Input and output are NCHW (each
+//! image's planes transposed into the padded copy, each tile's results
+//! scattered to 8 planes), or both channel-blocked, as the layout planner
+//! keeps them between layers (the padded copy then takes whole rows, each
+//! tile stores its vectors as they are, and the fused epilogue runs on each
+//! finished row). The padded copy is per-thread scratch: only its borders
+//! are zeroed on each call.
 
 use std::arch::x86_64::*;
 
