@@ -172,14 +172,15 @@ impl Operation for BatchNorm2d {
         let &[n, c, h, w] = shape else {
             return Err(Error::internal(op.name(), "a blocked input is not 4-D"));
         };
+        let (scale, shift) = (self.scale.as_slice::<f32>()?, self.shift.as_slice::<f32>()?);
         let (scale, shift) = self.blocked.get_or_init(|| {
             let lanes = c.div_ceil(BLOCK) * BLOCK;
-            let pad = |t: &Tensor| {
-                let mut v = t.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default();
+            let pad = |v: &[f32]| {
+                let mut v = v.to_vec();
                 v.resize(lanes, 0.0);
                 v
             };
-            (pad(&self.scale), pad(&self.shift))
+            (pad(scale), pad(shift))
         });
         let activation = self.activation;
         let post = |block: &mut [f32]| {

@@ -4,6 +4,7 @@ use super::attrs::{optional, required, Args, Arity, OpSpec, ParamKind as K};
 use ai3_kernels::cpu::{blocked, pool};
 use ai3_kernels::custom::{self, CustomError};
 use ai3_kernels::params::{AdaptivePool2dParams, AvgPoolOptions, Pool2dParams};
+use ai3_kernels::KernelResult;
 
 use super::{
     any_plane_dims, check_positive, custom_result, image_dims, image_shape, kernel_result,
@@ -128,6 +129,25 @@ impl Window {
         }
     }
 
+    /// Runs `kernel` (a blocked pooling over this window) on the blocked
+    /// input and output of a node; `shapes` holds the logical input shape.
+    fn forward_blocked(
+        &self,
+        op: OpKind,
+        inputs: &[&Tensor],
+        shapes: &[&[usize]],
+        output: &mut Tensor,
+        kernel: impl FnOnce(&Pool2dParams, &[f32], &mut [f32]) -> KernelResult<()>,
+    ) -> Result<()> {
+        let (x, shape) = (single(op, inputs)?, single(op, shapes)?);
+        let (p, _) = self.params(op, shape)?;
+        kernel_result(
+            op,
+            kernel(&p, x.as_slice()?, output.as_mut_slice()?),
+            || format!("input shape {}, channel-blocked layout", shape_str(shape)),
+        )
+    }
+
     fn output_shape(&self, op: OpKind, shape: &[usize]) -> Result<Vec<usize>> {
         let (p, batched) = self.params(op, shape)?;
         Ok(image_shape(
@@ -185,14 +205,10 @@ impl Operation for MaxPool2d {
         shapes: &[&[usize]],
         output: &mut Tensor,
     ) -> Result<()> {
-        let op = OpKind::MaxPool2d;
-        let (x, shape) = (single(op, inputs)?, single(op, shapes)?);
-        let (p, _) = self.window.params(op, shape)?;
-        kernel_result(
-            op,
-            pool::maxpool2d_blocked::<f32>(&p, x.as_slice()?, output.as_mut_slice()?),
-            || format!("input shape {}, channel-blocked layout", shape_str(shape)),
-        )
+        self.window
+            .forward_blocked(OpKind::MaxPool2d, inputs, shapes, output, |p, x, out| {
+                pool::maxpool2d_blocked::<f32>(p, x, out)
+            })
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::MaxPool2d, inputs)?;
@@ -273,19 +289,10 @@ impl Operation for AvgPool2d {
         shapes: &[&[usize]],
         output: &mut Tensor,
     ) -> Result<()> {
-        let op = OpKind::AvgPool2d;
-        let (x, shape) = (single(op, inputs)?, single(op, shapes)?);
-        let (p, _) = self.window.params(op, shape)?;
-        kernel_result(
-            op,
-            pool::avgpool2d_blocked::<f32>(
-                &p,
-                &self.options,
-                x.as_slice()?,
-                output.as_mut_slice()?,
-            ),
-            || format!("input shape {}, channel-blocked layout", shape_str(shape)),
-        )
+        self.window
+            .forward_blocked(OpKind::AvgPool2d, inputs, shapes, output, |p, x, out| {
+                pool::avgpool2d_blocked::<f32>(p, &self.options, x, out)
+            })
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
         let x = single(OpKind::AvgPool2d, inputs)?;

@@ -252,12 +252,11 @@ pub fn conv2d(
                 }
                 if let Some(e) = epilogue {
                     for o in 0..nob {
-                        let at = n * image_out + (ob + o) * out_block + y * ow * CB;
+                        let row = (ob + o) * out_block + y * ow * CB;
                         // SAFETY: row y of output block ob + o, which this
                         // task alone wrote, is finished.
-                        e(at, unsafe {
-                            std::slice::from_raw_parts_mut(out.0.add(at - n * image_out), ow * CB)
-                        });
+                        let s = unsafe { std::slice::from_raw_parts_mut(out.0.add(row), ow * CB) };
+                        e(n * image_out + row, s);
                     }
                 }
             };
