@@ -4,7 +4,7 @@
 //! `cargo bench -p ai3-benches` (add a filter such as `conv2d/winograd` to run part).
 //! Kernel times only; `benches/compare_torch.py` compares with PyTorch.
 
-use ai3_benches::{conv3x3, values, PAPER_CONV_SHAPES};
+use ai3_benches::{conv3x3, values, PAPER_CONV_SHAPES, WINOGRAD_LAYOUT_SHAPES};
 use ai3_kernels::cpu::conv2d::{direct, gemm, smm, winograd};
 use ai3_kernels::cpu::{linear, pool};
 use ai3_kernels::params::{LinearParams, Pool2dParams};
@@ -39,6 +39,48 @@ fn conv(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("direct", &id), |bch| {
             bch.iter(|| direct::conv2d(&p, &x, &w, Some(&b), &mut out).expect("kernel"))
         });
+    }
+    group.finish();
+}
+
+/// Winograd in NCHW against the blocked kernel (NCHW8c in and out), on the
+/// 3x3 layers of GoogLeNet, ResNet-50 and SqueezeNet, batch 1 and 10.
+fn winograd_layouts(c: &mut Criterion) {
+    use ai3_kernels::cpu::blocked::blocked_len;
+    use winograd::blocked;
+    if !blocked::applies(&conv3x3(1, 8, 8, 8)) {
+        return;
+    }
+    let mut group = c.benchmark_group("winograd_layouts");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2));
+    for &(cin, cout, size) in &WINOGRAD_LAYOUT_SHAPES {
+        for batch in [1, 10] {
+            let p = conv3x3(batch, cin, cout, size);
+            let x = values(p.input_len(), 1);
+            let w = values(p.weight_len(), 2);
+            let b = values(cout, 3);
+            let wf = winograd::transform_filter(&p, &w).expect("transformed filter");
+            let mut out = vec![0f32; p.output_len()];
+            let mut packed = vec![0f32; blocked::packed_len(&p).expect("length")];
+            blocked::pack(&p, &w, Some(&b), &mut packed).expect("packed");
+            let plane = size * size;
+            let xb = values(blocked_len(batch, cin, plane).expect("length"), 4);
+            let mut ob = vec![0f32; blocked_len(batch, cout, plane).expect("length")];
+            let id = format!("{cin}x{cout}@{size}b{batch}");
+            group.bench_function(BenchmarkId::new("nchw", &id), |bch| {
+                bch.iter(|| winograd::conv2d(&p, &x, &wf, Some(&b), &mut out).expect("kernel"))
+            });
+            group.bench_function(BenchmarkId::new("nchw_on_blocks", &id), |bch| {
+                bch.iter(|| {
+                    blocked::conv2d(&p, false, &x, &packed, &mut out, None).expect("kernel")
+                })
+            });
+            group.bench_function(BenchmarkId::new("blocked", &id), |bch| {
+                bch.iter(|| blocked::conv2d(&p, true, &xb, &packed, &mut ob, None).expect("kernel"))
+            });
+        }
     }
     group.finish();
 }
@@ -86,5 +128,5 @@ fn pools(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, conv, gemm_linear, pools);
+criterion_group!(benches, conv, winograd_layouts, gemm_linear, pools);
 criterion_main!(benches);

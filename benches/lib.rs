@@ -7,6 +7,17 @@ use ai3_kernels::params::{Conv2dParams, Padding2d};
 pub const PAPER_CONV_SHAPES: [(usize, usize, usize); 4] =
     [(3, 64, 224), (64, 128, 112), (256, 256, 28), (512, 512, 14)];
 
+/// 3x3 layers `(in_channels, out_channels, size)` of GoogLeNet (28, 14, 7),
+/// ResNet-50 (56) and SqueezeNet (13), for Winograd's two layouts.
+pub const WINOGRAD_LAYOUT_SHAPES: [(usize, usize, usize); 6] = [
+    (96, 128, 28),
+    (160, 320, 14),
+    (192, 384, 7),
+    (64, 64, 56),
+    (256, 256, 14),
+    (64, 256, 13),
+];
+
 /// Parameters of a 3x3, padding-1, stride-1 convolution.
 pub fn conv3x3(batch: usize, cin: usize, cout: usize, size: usize) -> Conv2dParams {
     Conv2dParams {

@@ -167,12 +167,15 @@ def test_edges_of_blocked_runs_match_pytorch(batch):
 
 
 def test_runs_that_do_not_pay_stay_nchw():
-    # One 1x1 convolution between 3x3 ones that Winograd runs (NCHW only):
-    # the reorders would cost more than the blocked kernel saves.
+    # One 1x1 convolution between grouped 3x3 ones (Winograd's NCHW kernel:
+    # the blocked one takes one group): the reorders would cost more than
+    # the blocked kernel saves.
     net = nn.Sequential(
-        nn.Conv2d(64, 64, 3, padding=1), nn.Conv2d(64, 64, 1), nn.Conv2d(64, 64, 3, padding=1)
+        nn.Conv2d(128, 128, 3, padding=1, groups=2),
+        nn.Conv2d(128, 128, 1),
+        nn.Conv2d(128, 128, 3, padding=1, groups=2),
     ).eval()
-    x = torch.randn(1, 64, 32, 32)
+    x = torch.randn(1, 128, 32, 32)
     model = ai3.convert(net)
     assert_close(model(x), reference(net, x))
     assert set(layouts(model, tuple(x.shape)).values()) == {"NCHW"}
@@ -247,16 +250,12 @@ def test_an_unbatched_input_runs_nchw():
         assert "NCHW8c" in layouts(model, tuple(batched.shape)).values()
 
 
-@pytest.mark.parametrize(
-    ("width", "hw", "conv2"), [(64, 28, "NCHW"), (64, 56, "NCHW"), (16, 28, "NCHW8c")]
-)
-def test_resnet_bottlenecks_run_their_1x1_layers_blocked(width, hw, conv2):
-    # ResNet-50's bottlenecks on its 28x28 and 56x56 planes: the 1x1 layers
-    # and the residual adds run blocked, each 3x3 layer (Winograd's, NCHW
-    # only) NCHW between them (four blocks in a row, as in ResNet-50's
-    # stages: the reorders around each 3x3 layer and at the ends cost less
-    # than the 1x1 layers save). With thin 3x3 layers (16 -> 16), which the
-    # blocked direct kernel runs, the whole run stays blocked.
+@pytest.mark.parametrize(("width", "hw"), [(64, 28), (64, 56), (16, 28)])
+def test_resnet_bottlenecks_run_blocked(width, hw):
+    # ResNet-50's bottlenecks on its 28x28 and 56x56 planes (four blocks in
+    # a row, as in its stages): the 1x1 layers, the 3x3 ones (Winograd's
+    # blocked kernel, or with thin layers, 16 -> 16, the blocked direct
+    # kernel) and the residual adds all run blocked.
     from torchvision.models.resnet import Bottleneck
 
     torch.manual_seed(0)
@@ -276,12 +275,62 @@ def test_resnet_bottlenecks_run_their_1x1_layers_blocked(width, hw, conv2):
         # Each block's expansion with its residual add runs blocked, each 3x3
         # layer as its kernel can; a reduction runs blocked once its input is.
         assert {layout[f"{i}.conv3"] for i in range(4)} == {"NCHW8c"}, rows
-        assert {layout[f"{i}.conv2"] for i in range(4)} == {conv2}, rows
+        assert {layout[f"{i}.conv2"] for i in range(4)} == {"NCHW8c"}, rows
+        algorithms = {r["algorithm"] for r in rows if r["name"].endswith("conv2")}
+        assert algorithms == {"direct" if width < 48 else "winograd"}, rows
         assert {layout[f"{i}.conv1"] for i in range(1, 4)} == {"NCHW8c"}, rows
     else:
         assert set(layout.values()) == {"NCHW"}, rows
     model.blocked_layouts = False
     assert_close(model(x), want)
+
+
+class WinogradStack(nn.Module):
+    """VGG-like 3x3 layers (ReLU, a max pooling, channel counts that leave
+    partial blocks, padding that grows the plane, odd planes for partial
+    edge tiles) and a basic block whose residual add and ReLU fuse into the
+    last convolution."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 60, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(60, 52, 3, padding=(2, 1)),
+            nn.ReLU(),
+            nn.MaxPool2d(2, ceil_mode=True),
+            nn.Conv2d(52, 64, 3, padding=1),
+            nn.ReLU(),
+        )
+        self.conv1 = nn.Conv2d(64, 64, 3, padding=1)
+        self.conv2 = nn.Conv2d(64, 64, 3, padding=1)
+
+    def forward(self, x):
+        y = self.features(x)
+        z = torch.relu(self.conv1(y))
+        return torch.relu(self.conv2(z) + y)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_winograd_layers_run_blocked_with_fused_epilogues(batch):
+    torch.manual_seed(0)
+    net = WinogradStack(56).eval()
+    x = torch.randn(batch, 56, 15, 13)
+    want = reference(net, x)
+    model = ai3.convert(net, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), want)
+    rows = model.summary(tuple(x.shape))
+    convs = [r for r in rows if r["op"].startswith("conv2d")]
+    assert {r["algorithm"] for r in convs} == {"winograd"}, rows
+    # The skip's add and the ReLUs are fused into the convolutions.
+    assert [r["op"] for r in rows if not r["op"].startswith("conv2d")] == ["maxpool2d"], rows
+    if BLOCKED:
+        assert {r["layout"] for r in convs} == {"NCHW8c"}, rows
+    model.blocked_layouts = False
+    assert_close(model(x), want)
+    # The NCHW kernel of float64 layers, for comparison.
+    net64 = copy.deepcopy(net).double()
+    assert_close(ai3.convert(net64)(x.double()), reference(net64, x.double()))
 
 
 class DenseBlock(nn.Module):

@@ -35,7 +35,8 @@ pub struct Conv2d {
     groups: usize,
     padding_mode: PadMode,
     request: Request,
-    /// Winograd-transformed weights, computed once on first use.
+    /// Winograd-transformed weights (packed with the bias where the blocked
+    /// kernel runs them), computed once on first use.
     winograd_filter: OnceLock<Tensor>,
     /// Weights and bias packed for direct convolution, once on first use.
     direct_packed: OnceLock<Tensor>,
@@ -417,11 +418,13 @@ impl Conv2d {
             Algorithm::Gemm => gemm::conv2d(p, x, w, b, out),
             Algorithm::Fft => fft::conv2d(p, x, w, b, out),
             Algorithm::Winograd => {
-                let len = kernel_result(OP, winograd::transformed_filter_len(p), context)?;
+                let len = kernel_result(OP, winograd::prepared_len::<T>(p), context)?;
                 let filter = prepared(&self.winograd_filter, len, context, |u| {
-                    winograd::transform_filter_into(p, w, u)
+                    winograd::prepare(p, w, b, u)
                 })?;
-                winograd::conv2d(p, x, filter, b, out)
+                let done = winograd::conv2d_prepared(p, x, filter, b, out, Some(&epilogue));
+                fused = *done.as_ref().unwrap_or(&false);
+                done.map(|_| ())
             }
             Algorithm::Custom => {
                 let shape = [p.batch, p.in_channels, p.in_h, p.in_w];
@@ -474,9 +477,9 @@ const POINTWISE_GAIN_PLANE: usize = 3136;
 
 impl Conv2d {
     /// The blocked kernel that computes `p` for this layer, if any: the
-    /// depthwise or channel-block path of `'direct'`, or the 1x1 GEMM of
-    /// `'gemm'`, with the
-    /// elements it saves against the NCHW kernel (see [`crate::layout`]).
+    /// depthwise or channel-block path of `'direct'`, the blocked kernel of
+    /// `'winograd'`, or the 1x1 GEMM of `'gemm'`, with the elements it
+    /// saves against the NCHW kernel (see [`crate::layout`]).
     fn blocked_kernel(&self, p: &Conv2dParams) -> Option<(Algorithm, usize)> {
         if self.padding_mode != PadMode::Zeros || self.weight.dtype() != crate::DType::F32 {
             return None;
@@ -489,6 +492,11 @@ impl Conv2d {
                 if depthwise::applies_blocked(p) || direct::runs_blocked::<f32>(p) =>
             {
                 Some((Algorithm::Direct, numel_in.saturating_add(numel_out)))
+            }
+            // The NCHW run of the same kernel transposes each tile row's
+            // input into channel blocks and scatters each tile's output.
+            Algorithm::Winograd if winograd::runs_blocked::<f32>(p) => {
+                Some((Algorithm::Winograd, numel_in.saturating_add(numel_out)))
             }
             Algorithm::Gemm
                 if pointwise_shape(p).is_some() && ai3_kernels::cpu::blocked::available() =>
@@ -636,6 +644,13 @@ impl Operation for Conv2d {
                     direct::pack(&p, w, b, d)
                 })?;
                 direct::conv2d_blocked(&p, x, packed, out, e)
+            }
+            (Some((Algorithm::Winograd, _)), _) => {
+                let len = kernel_result(OP, winograd::prepared_len::<f32>(&p), context)?;
+                let packed = prepared(&self.winograd_filter, len, context, |d| {
+                    winograd::prepare(&p, w, b, d)
+                })?;
+                winograd::blocked::conv2d(&p, true, x, packed, out, e)
             }
             (Some((Algorithm::Gemm, _)), Some(s)) => {
                 let len = kernel_result(OP, s.packed_len(), context)?;

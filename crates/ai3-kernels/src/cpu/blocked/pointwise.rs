@@ -20,9 +20,9 @@ use crate::cpu::conv2d::Epilogue;
 use super::BLOCK;
 
 /// Output blocks per register tile.
-const OBT: usize = 2;
+pub(crate) const OBT: usize = 2;
 /// Pixels per register tile.
-const PT: usize = 6;
+pub(crate) const PT: usize = 6;
 /// Pixels per task, at most: 16 tiles.
 const TASK_PIXELS: usize = 16 * PT;
 /// Bytes of packed weights one task's group of output blocks may take: about
@@ -239,7 +239,7 @@ fn run(
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile(
+pub(crate) unsafe fn tile(
     nob: usize,
     np: usize,
     x: *const f32,
