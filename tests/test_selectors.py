@@ -308,15 +308,15 @@ def test_default_algorithm_resolves_in_summary():
     )
     algos = conv_algorithms_of_model(ai3.convert(wide), (1, 96, 16, 16))
     assert algos == ["winograd", "gemm", "direct"]
-    # At most 32 outputs: direct's channel blocks, which also keep the
-    # blocked layout between layers, beat Winograd (DenseNet's 128 -> 32
-    # layers); with more outputs Winograd stays.
+    # At most 32 outputs: direct's channel blocks beat Winograd on few
+    # tiles (DenseNet's 128 -> 32 layers at 14x14), Winograd's channel
+    # blocks on many (56x56); with more outputs Winograd stays.
     dense = ai3.convert(nn.Sequential(nn.Conv2d(128, 32, 3, padding=1)))
     blocked = ai3.cpu_isa() in ("avx2", "avx512")
-    for plane in (14, 56):
-        assert conv_algorithms_of_model(dense, (1, 128, plane, plane)) == [
-            "direct" if blocked else "winograd"
-        ]
+    assert conv_algorithms_of_model(dense, (1, 128, 14, 14)) == [
+        "direct" if blocked else "winograd"
+    ]
+    assert conv_algorithms_of_model(dense, (1, 128, 56, 56)) == ["winograd"]
     wider = ai3.convert(nn.Sequential(nn.Conv2d(128, 40, 3, padding=1)))
     assert conv_algorithms_of_model(wider, (1, 128, 14, 14)) == ["winograd"]
     # Winograd needs 16 output tiles of 2x2 over the batch (a 7x7 plane):
@@ -326,9 +326,14 @@ def test_default_algorithm_resolves_in_summary():
     one = ai3.convert(nn.Sequential(nn.Conv2d(96, 128, 3, padding=1)))
     assert conv_algorithms_of_model(one, (1, 96, 5, 5)) != ["winograd"]
     assert conv_algorithms_of_model(one, (2, 96, 5, 5)) == ["winograd"]
-    # Fewer than 48 input channels: not Winograd, however wide the output.
-    thin_in = nn.Sequential(nn.Conv2d(32, 256, 3, padding=1))
-    assert conv_algorithms_of_model(ai3.convert(thin_in), (1, 32, 28, 28)) != ["winograd"]
+    # Fewer than 48 input channels: not Winograd, however wide the output,
+    # unless Winograd's channel blocks take the layer (at least 32 inputs
+    # and 128 tiles).
+    thin_in = nn.Sequential(nn.Conv2d(24, 256, 3, padding=1))
+    assert conv_algorithms_of_model(ai3.convert(thin_in), (1, 24, 28, 28)) != ["winograd"]
+    thin_in = ai3.convert(nn.Sequential(nn.Conv2d(32, 256, 3, padding=1)))
+    assert conv_algorithms_of_model(thin_in, (1, 32, 14, 14)) != ["winograd"]
+    assert (conv_algorithms_of_model(thin_in, (1, 32, 28, 28)) == ["winograd"]) == blocked
 
 
 def test_summary_reports_every_layer():

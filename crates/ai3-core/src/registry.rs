@@ -178,9 +178,38 @@ const FEW_INPUT_CHANNELS: usize = 16;
 const WINOGRAD_MIN_CHANNELS: usize = 48;
 
 /// Whether a layer has too few input channels per group for Winograd (see
-/// [`WINOGRAD_MIN_CHANNELS`]).
-fn too_thin_for_winograd(p: &Conv2dParams) -> bool {
-    p.in_channels_per_group() < WINOGRAD_MIN_CHANNELS
+/// [`WINOGRAD_MIN_CHANNELS`]) and is not one that Winograd's blocked kernel
+/// takes anyway ([`thin_but_blocked_winograd`]).
+fn too_thin_for_winograd(p: &Conv2dParams, dtype: DType) -> bool {
+    p.in_channels_per_group() < WINOGRAD_MIN_CHANNELS && !thin_but_blocked_winograd(p, dtype)
+}
+
+/// Fewest input channels of a thin layer (fewer than
+/// [`WINOGRAD_MIN_CHANNELS`] inputs or at most [`THIN_OUTPUTS`] outputs) that
+/// Winograd's blocked kernel takes, given [`THIN_WINOGRAD_TILES`].
+const THIN_WINOGRAD_CHANNELS: usize = 32;
+
+/// Fewest 2x2 output tiles (over the batch) of a thin layer that
+/// Winograd's blocked kernel takes: 14x14 at batch 4, 28x28 at batch 1.
+const THIN_WINOGRAD_TILES: usize = 128;
+
+/// Whether Winograd's channel-blocked kernel (f32, one group, AVX2 and FMA)
+/// runs a thin 3x3 layer faster than the blocked direct kernel: with at
+/// least [`THIN_WINOGRAD_CHANNELS`] inputs and [`THIN_WINOGRAD_TILES`]
+/// tiles. Measured (2 threads, AVX2, ms, one layer with its ReLU, NCHW in
+/// and out, Winograd against direct): DenseNet's 128 -> 32 at 56/28 1.11 /
+/// 0.28 against 1.43 / 0.38 (batch 1), at 28/14 2.57 / 0.66 against 3.49 /
+/// 0.91 (batch 10); 32 -> 128 at 27x27 0.26 against 0.34; 48 -> 64 and 32
+/// -> 96 at 28x28 0.22 against 0.28. Left to direct: few tiles (128 -> 32
+/// at 14x14 0.166 against 0.115, even at batch 2, 7x7 at batch 10 even) and
+/// 16 or 24 inputs (16 -> 64 at 27x27 0.122 against 0.111, 24 -> 64 at 14x14
+/// batch 10 0.55 against 0.48).
+fn thin_but_blocked_winograd(p: &Conv2dParams, dtype: DType) -> bool {
+    let tiles = p.batch * p.out_h().div_ceil(2) * p.out_w().div_ceil(2);
+    dtype == DType::F32
+        && winograd::runs_blocked::<f32>(p)
+        && p.in_channels_per_group() >= THIN_WINOGRAD_CHANNELS
+        && tiles >= THIN_WINOGRAD_TILES
 }
 
 /// Winograd for layers with at least [`WINOGRAD_MIN_CHANNELS`] input
@@ -191,7 +220,7 @@ fn too_thin_for_winograd(p: &Conv2dParams) -> bool {
 fn winograd_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p, dtype) if {
         let tiles = p.batch * p.out_h().div_ceil(2) * p.out_w().div_ceil(2);
-        !too_thin_for_winograd(p) && tiles >= MIN_WINOGRAD_TILES && !blocked_direct_preferred(p, *dtype)
+        !too_thin_for_winograd(p, *dtype) && tiles >= MIN_WINOGRAD_TILES && !blocked_direct_preferred(p, *dtype)
     })
 }
 
@@ -199,9 +228,10 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// AVX2 and FMA: see `direct::blocked`) takes `p`: stride-1 layers with a
 /// kernel larger than 1x1 and at least [`FEW_INPUT_CHANNELS`] inputs,
 /// except the 3x3 ones Winograd runs as fast (those with many input
-/// channels, unless they have at most [`THIN_OUTPUTS`] outputs). Measured (2
+/// channels, unless they have at most [`THIN_OUTPUTS`] outputs, and the
+/// thin ones with many tiles, [`thin_but_blocked_winograd`]). Measured (2
 /// threads, AVX2, ms, the blocked kernel against what `'default'` ran
-/// before): DenseNet's 128 -> 32 at 14x14 0.111 against 0.146 (Winograd),
+/// before, Winograd's NCHW kernel then): DenseNet's 128 -> 32 at 14x14 0.111 against 0.146 (Winograd),
 /// 7x7 0.055 against 0.085, at batch 10 0.39-0.41 against 0.41-0.44;
 /// SqueezeNet's 16 -> 64 at 55x55 0.349 against 0.429 (GEMM's tiles);
 /// GoogLeNet's 5x5 32 -> 64 at 14x14 0.133 against 0.244 and AlexNet's 64
@@ -221,7 +251,9 @@ fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
         DType::F32 => direct::runs_blocked::<f32>(p),
         DType::F64 => direct::runs_blocked::<f64>(p),
     };
-    let beats_winograd = too_thin_for_winograd(p) || p.out_channels <= THIN_OUTPUTS;
+    let beats_winograd = (p.in_channels_per_group() < WINOGRAD_MIN_CHANNELS
+        || p.out_channels <= THIN_OUTPUTS)
+        && !thin_but_blocked_winograd(p, dtype);
     blocked
         && p.in_channels >= FEW_INPUT_CHANNELS
         && p.stride == (1, 1)
@@ -260,7 +292,7 @@ fn direct_preferred(problem: &Problem) -> bool {
     matches!(problem, Problem::Conv2d(p, dtype)
         if blocked_direct_preferred(p, *dtype) || ((p.in_channels_per_group() < FEW_INPUT_CHANNELS
             && (p.groups == 1 || p.stride == (1, 1) || depthwise::applies(p)))
-            || (winograd::check(p).is_ok() && too_thin_for_winograd(p)))
+            || (winograd::check(p).is_ok() && too_thin_for_winograd(p, *dtype)))
             && padded_copy_is_small(p)
             && !tiles_preferred(p, *dtype))
 }
@@ -993,18 +1025,29 @@ mod tests {
         } else {
             (Algorithm::Winograd, Algorithm::Gemm)
         };
-        for hw in [7, 14, 28, 56] {
-            assert_eq!(
-                pick(layer(128, 32, 3, hw, DType::F32)).unwrap(),
-                thin,
-                "{hw}"
-            );
-        }
-        let batch_10 = match layer(128, 32, 3, 14, DType::F32) {
-            Problem::Conv2d(p, d) => Problem::Conv2d(Conv2dParams { batch: 10, ..p }, d),
+        // Few tiles (7x7, 14x14 at batch 1 and 2) go to direct; from 28x28,
+        // or 14x14 at batch 4 or 10, to Winograd's blocked kernel.
+        let batch = |n: usize, hw: usize| match layer(128, 32, 3, hw, DType::F32) {
+            Problem::Conv2d(p, d) => Problem::Conv2d(Conv2dParams { batch: n, ..p }, d),
             other => other,
         };
-        assert_eq!(pick(batch_10).unwrap(), thin);
+        let many = if blocked { Algorithm::Winograd } else { thin };
+        for (n, hw, want) in [
+            (1, 7, thin),
+            (1, 14, thin),
+            (2, 14, thin),
+            (4, 14, many),
+            (10, 14, many),
+            (1, 28, many),
+            (1, 56, many),
+        ] {
+            assert_eq!(pick(batch(n, hw)).unwrap(), want, "batch {n}, {hw}x{hw}");
+        }
+        // Thin inputs stay with direct at any size.
+        assert_eq!(
+            pick(layer(24, 64, 3, 56, DType::F32)).unwrap(),
+            Algorithm::Direct
+        );
         // More outputs and f64 stay with Winograd.
         assert_eq!(
             pick(layer(128, 64, 3, 14, DType::F32)).unwrap(),
