@@ -3,7 +3,7 @@
 //!
 //! Each operation says, for its input shapes, whether it can run on blocked
 //! values ([`Operation::blocked`]): with a kernel of its own (depthwise,
-//! 1x1 and other `direct` convolutions, batch norm, pooling,
+//! 1x1, Winograd and other `direct` convolutions, batch norm, pooling,
 //! concatenation of whole channel blocks), which declares what it gains
 //! over its NCHW kernel, or elementwise (activations, adds and products of
 //! blocked values), which run their usual kernel over the blocked buffers.
@@ -17,8 +17,9 @@
 //! elements moved. MobileNet's and EfficientNet's inverted residual blocks
 //! thus run blocked from the first depthwise convolution to the global
 //! pooling, with one reorder at each end, and DenseNet's dense blocks from
-//! one transition to the next, where ResNet's 1x1 convolutions run blocked
-//! between 3x3 ones that Winograd runs NCHW, with reorders around those.
+//! one transition to the next, and ResNet's and GoogLeNet's from the layer
+//! after the stem's pooling on (their 3x3 layers on Winograd's blocked
+//! kernel).
 //!
 //! A plan is kept per input shape, but `'default'` follows the thread
 //! count: a node planned blocked whose algorithm has no blocked kernel any

@@ -13,7 +13,8 @@
 //! formats keep between convolutions; ai3's graph planner keeps runs of
 //! operations in it and reorders only at their edges ([`to_blocked`],
 //! [`from_blocked`]). The convolution kernels ([`pointwise`], and the
-//! depthwise kernel's blocked entry point) are f32 with AVX2 and FMA
+//! blocked entry points of the depthwise, direct and Winograd kernels, the
+//! last two on [`pointwise`]'s register tile) are f32 with AVX2 and FMA
 //! ([`available`]); the reorders and [`global_avg_pool`] are portable.
 
 pub mod pointwise;
