@@ -48,6 +48,30 @@ pub fn blocked_len(n: usize, c: usize, plane: usize) -> KernelResult<usize> {
     checked_product("blocked layout", &[n, c.div_ceil(BLOCK), plane, BLOCK])
 }
 
+/// Checks a convolution's input and output lengths: the blocked forms of
+/// `p`'s NCHW tensors when `blocked`, else the NCHW ones.
+pub(crate) fn check_conv_buffers(
+    p: &crate::params::Conv2dParams,
+    blocked: bool,
+    input: usize,
+    output: usize,
+) -> KernelResult<()> {
+    if !blocked {
+        return p.check_buffers(input, None, output);
+    }
+    let plane_out = p.out_h() * p.out_w();
+    check_len(
+        "blocked conv2d input",
+        input,
+        blocked_len(p.batch, p.in_channels, p.in_h * p.in_w)?,
+    )?;
+    check_len(
+        "blocked conv2d output",
+        output,
+        blocked_len(p.batch, p.out_channels, plane_out)?,
+    )
+}
+
 /// Writes `src` (`[n, c, plane]`, NCHW) into `dst` in the blocked layout, the
 /// padding lanes zero.
 pub fn to_blocked<T: Float>(

@@ -28,7 +28,7 @@ use rayon::prelude::*;
 
 use super::super::{threads_for_macs, Epilogue, SharedMut};
 use crate::alloc::{check_len, checked_product, KernelResult};
-use crate::cpu::blocked::{blocked_len, BLOCK as CB};
+use crate::cpu::blocked::{check_conv_buffers, BLOCK as CB};
 use crate::cpu::conv2d::depthwise;
 use crate::cpu::scratch::with_scratch_named;
 use crate::params::Conv2dParams;
@@ -120,25 +120,11 @@ pub fn conv2d(
     output: &mut [f32],
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
-    let (oh, ow) = (p.out_h(), p.out_w());
-    if blocked {
-        check_len(
-            "blocked direct input",
-            input.len(),
-            blocked_len(p.batch, p.in_channels, p.in_h * p.in_w)?,
-        )?;
-        check_len(
-            "blocked direct output",
-            output.len(),
-            blocked_len(p.batch, p.out_channels, oh * ow)?,
-        )?;
-    } else {
-        p.check_buffers(input.len(), None, output.len())?;
-        if epilogue.is_some() {
-            return Err(crate::KernelError::Precondition {
-                what: "the blocked direct convolution fuses an epilogue only into blocked output",
-            });
-        }
+    check_conv_buffers(p, blocked, input.len(), output.len())?;
+    if !blocked && epilogue.is_some() {
+        return Err(crate::KernelError::Precondition {
+            what: "the blocked direct convolution fuses an epilogue only into blocked output",
+        });
     }
     check_len(
         "packed blocked direct weights",
@@ -389,7 +375,7 @@ unsafe fn tile_n<const OB: usize, const P: usize>(t: &Tile<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::blocked::{from_blocked, to_blocked};
+    use crate::cpu::blocked::{blocked_len, from_blocked, to_blocked};
     use crate::cpu::test_util::{assert_close, cast, conv_grid, reference_conv, Rng};
     use crate::params::Padding2d;
 

@@ -34,7 +34,7 @@ use rayon::prelude::*;
 use super::transform::filter_tile;
 use super::{plane_stride, require, Plan, POSITIONS};
 use crate::alloc::{check_len, checked_product, KernelError, KernelResult};
-use crate::cpu::blocked::{blocked_len, BLOCK as CB};
+use crate::cpu::blocked::{check_conv_buffers, BLOCK as CB};
 use crate::cpu::conv2d::{threads_for, Epilogue, SharedMut};
 use crate::cpu::scratch::with_scratch_named;
 use crate::params::Conv2dParams;
@@ -132,21 +132,7 @@ pub fn conv2d(
 ) -> KernelResult<()> {
     require(p)?;
     p.check_sizes()?;
-    let (oh, ow) = (p.out_h(), p.out_w());
-    if blocked {
-        check_len(
-            "blocked Winograd input",
-            input.len(),
-            blocked_len(p.batch, p.in_channels, p.in_h * p.in_w)?,
-        )?;
-        check_len(
-            "blocked Winograd output",
-            output.len(),
-            blocked_len(p.batch, p.out_channels, oh * ow)?,
-        )?;
-    } else {
-        p.check_buffers(input.len(), None, output.len())?;
-    }
+    check_conv_buffers(p, blocked, input.len(), output.len())?;
     check_len(
         "packed blocked Winograd weights",
         packed.len(),
@@ -541,7 +527,7 @@ unsafe fn output_transform(
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::cpu::blocked::{from_blocked, to_blocked};
+    use crate::cpu::blocked::{blocked_len, from_blocked, to_blocked};
     use crate::cpu::test_util::{cast, reference_conv, Rng};
     use crate::params::Padding2d;
 
@@ -552,19 +538,7 @@ mod tests {
         hw: (usize, usize),
         pad: Padding2d,
     ) -> Conv2dParams {
-        Conv2dParams {
-            batch,
-            in_channels: ic,
-            in_h: hw.0,
-            in_w: hw.1,
-            out_channels: oc,
-            kernel_h: 3,
-            kernel_w: 3,
-            stride: (1, 1),
-            padding: pad,
-            dilation: (1, 1),
-            groups: 1,
-        }
+        super::super::tests::params(batch, ic, oc, 1, hw, pad)
     }
 
     /// Runs `p` in both layouts, with or without the bias and with or

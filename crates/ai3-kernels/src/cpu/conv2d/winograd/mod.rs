@@ -608,7 +608,7 @@ mod tests {
     use crate::cpu::test_util::{assert_close, cast, reference_conv, Rng};
     use crate::params::Padding2d;
 
-    fn params(
+    pub(super) fn params(
         batch: usize,
         ic: usize,
         oc: usize,
