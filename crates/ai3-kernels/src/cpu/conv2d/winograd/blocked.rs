@@ -15,7 +15,7 @@
 //! epilogue (a residual, an activation) runs on each finished output row.
 //! No reorder at either end, every lane useful at any plane size.
 //!
-//! Tiles are cut into blocks as the NCHW kernel cuts them ([`super::Plan`]):
+//! Tiles are cut into blocks as the NCHW kernel cuts them (its `Plan`):
 //! a block per task when there are enough for the threads, else the blocks
 //! in turn with each phase shared among the threads (input transform by
 //! channel blocks, products by position and pair of output blocks, output
