@@ -423,8 +423,8 @@ impl Conv2d {
                     winograd::prepare(p, w, b, u)
                 })?;
                 let done = winograd::conv2d_prepared(p, x, filter, b, out, Some(&epilogue));
-                fused = *done.as_ref().unwrap_or(&false);
-                done.map(|_| ())
+                fused = matches!(done, Ok(true));
+                done.map(drop)
             }
             Algorithm::Custom => {
                 let shape = [p.batch, p.in_channels, p.in_h, p.in_w];

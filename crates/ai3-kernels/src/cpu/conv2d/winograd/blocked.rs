@@ -630,16 +630,7 @@ mod tests {
     }
 
     fn grid() {
-        let paddings = [
-            Padding2d::default(),
-            Padding2d::symmetric(1, 1),
-            Padding2d {
-                top: 2,
-                bottom: 0,
-                left: 1,
-                right: 3,
-            },
-        ];
+        let paddings = super::super::tests::paddings();
         let mut seed = 1;
         // Odd and even output sizes (partial edge tiles), partial channel
         // blocks in and out, an odd number of output blocks, and planes

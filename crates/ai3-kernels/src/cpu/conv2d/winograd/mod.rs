@@ -661,9 +661,9 @@ mod tests {
         });
     }
 
-    fn check_grid() {
-        let mut rng = Rng::new(11);
-        let paddings = [
+    /// None, symmetric, and asymmetric padding larger on one side.
+    pub(super) fn paddings() -> [Padding2d; 3] {
+        [
             Padding2d::default(),
             Padding2d::symmetric(1, 1),
             Padding2d {
@@ -672,7 +672,12 @@ mod tests {
                 left: 1,
                 right: 3,
             },
-        ];
+        ]
+    }
+
+    fn check_grid() {
+        let mut rng = Rng::new(11);
+        let paddings = paddings();
         // Odd and even output sizes, so partial edge tiles are covered.
         let sizes = [(3, 3), (5, 4), (7, 9), (8, 11), (10, 6)];
         let channels = [(3, 4, 1), (4, 6, 2), (4, 4, 4), (1, 1, 1)];
