@@ -4,7 +4,7 @@
 //! `cargo bench -p ai3-benches` (add a filter such as `conv2d/winograd` to run part).
 //! Kernel times only; `benches/compare_torch.py` compares with PyTorch.
 
-use ai3_benches::{conv3x3, values, PAPER_CONV_SHAPES, WINOGRAD_LAYOUT_SHAPES};
+use ai3_benches::{conv3x3, values, PAPER_CONV_SHAPES, POINTWISE_SHAPES, WINOGRAD_LAYOUT_SHAPES};
 use ai3_kernels::cpu::conv2d::{direct, gemm, smm, winograd};
 use ai3_kernels::cpu::{linear, pool};
 use ai3_kernels::params::{LinearParams, Pool2dParams};
@@ -85,6 +85,41 @@ fn winograd_layouts(c: &mut Criterion) {
     group.finish();
 }
 
+/// The blocked 1x1 kernel (NCHW8c in and out) on MobileNet's and
+/// EfficientNet's expansions and projections and ResNet's bottleneck 1x1s,
+/// at batch 1. `AI3_CPU_ISA=avx2` measures the AVX2 register tile on a
+/// machine with AVX-512.
+fn blocked_pointwise(c: &mut Criterion) {
+    use ai3_kernels::cpu::blocked::{available, blocked_len, pointwise};
+    if !available() {
+        return;
+    }
+    let mut group = c.benchmark_group("blocked_pointwise");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2));
+    for &(cin, cout, size) in &POINTWISE_SHAPES {
+        let s = pointwise::Pointwise {
+            batch: 1,
+            in_channels: cin,
+            out_channels: cout,
+            plane: size * size,
+        };
+        let w = values(cout * cin, 2);
+        let b = values(cout, 3);
+        let mut packed = vec![0f32; s.packed_len().expect("length")];
+        pointwise::pack(&s, &w, Some(&b), &mut packed).expect("packed");
+        let x = values(blocked_len(1, cin, s.plane).expect("length"), 4);
+        let mut out = vec![0f32; blocked_len(1, cout, s.plane).expect("length")];
+        group.throughput(Throughput::Elements(2 * s.macs() as u64));
+        group.bench_function(
+            BenchmarkId::from_parameter(format!("{cin}x{cout}@{size}")),
+            |bch| bch.iter(|| pointwise::conv2d(&s, &x, &packed, &mut out, None).expect("kernel")),
+        );
+    }
+    group.finish();
+}
+
 fn gemm_linear(c: &mut Criterion) {
     let p = LinearParams {
         rows: 64,
@@ -128,5 +163,12 @@ fn pools(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, conv, winograd_layouts, gemm_linear, pools);
+criterion_group!(
+    benches,
+    conv,
+    winograd_layouts,
+    blocked_pointwise,
+    gemm_linear,
+    pools
+);
 criterion_main!(benches);

@@ -18,6 +18,18 @@ pub const WINOGRAD_LAYOUT_SHAPES: [(usize, usize, usize); 6] = [
     (64, 256, 13),
 ];
 
+/// 1x1 layers (in channels, out channels, plane side) of the blocked 1x1
+/// benchmark: EfficientNet-B0's 16 -> 96 expansion at 112x112 and 112 ->
+/// 672 at 14x14, MobileNetV2's 144 -> 24 projection at 56x56, ResNet-50's
+/// 256 -> 64 at 56x56 and 1024 -> 256 at 14x14.
+pub const POINTWISE_SHAPES: [(usize, usize, usize); 5] = [
+    (16, 96, 112),
+    (112, 672, 14),
+    (144, 24, 56),
+    (256, 64, 56),
+    (1024, 256, 14),
+];
+
 /// Parameters of a 3x3, padding-1, stride-1 convolution.
 pub fn conv3x3(batch: usize, cin: usize, cout: usize, size: usize) -> Conv2dParams {
     Conv2dParams {

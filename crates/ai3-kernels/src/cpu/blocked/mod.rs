@@ -18,6 +18,7 @@
 //! ([`available`]); the reorders and [`global_avg_pool`] are portable.
 
 pub mod pointwise;
+pub(crate) mod tile;
 
 use rayon::prelude::*;
 

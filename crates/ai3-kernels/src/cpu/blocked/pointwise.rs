@@ -1,8 +1,8 @@
 //! 1x1 convolution (stride 1, no padding, one group) in the blocked layout:
-//! a plain GEMM over the channels, no im2col. The register tile is
-//! [`OBT`] output blocks of 8 channels by [`PT`] pixels: per input channel,
-//! [`OBT`] weight vectors and a broadcast of each pixel's value feed
-//! `OBT * PT` FMAs. The vectors run over output channels, so planes of any
+//! a plain GEMM over the channels, no im2col, on the blocked kernels'
+//! register tile ([`super::tile`]: a few output blocks of 8 channels by a
+//! few pixels, per input channel one weight vector per block and a
+//! broadcast of each pixel's value). The vectors run over output channels, so planes of any
 //! size (7x7, 14x14) fill every lane, which an NCHW GEMM vectorised over the
 //! pixels cannot.
 //!
@@ -19,12 +19,8 @@ use crate::cpu::conv2d::Epilogue;
 
 use super::BLOCK;
 
-/// Output blocks per register tile.
-pub(crate) const OBT: usize = 2;
-/// Pixels per register tile.
-pub(crate) const PT: usize = 6;
-/// Pixels per task, at most: 16 tiles.
-const TASK_PIXELS: usize = 16 * PT;
+/// Register tiles per task, at most, along the pixels.
+const TASK_TILES: usize = 16;
 /// Bytes of packed weights one task's group of output blocks may take: about
 /// half an L2 cache.
 const GROUP_BYTES: usize = 192 << 10;
@@ -152,22 +148,24 @@ fn run(
     // Equal groups of output blocks whose weights fit GROUP_BYTES, and
     // equal runs of pixels, at least a few tasks per thread when the plane
     // allows, so that threads finish together.
+    let (obt, pt) = super::tile::shape();
+    let task_pixels = TASK_TILES * pt;
     let threads = threads_for_macs(s.macs());
     let mut groups = (ocb * w_stride * 4).div_ceil(GROUP_BYTES).clamp(1, ocb);
-    if s.batch * plane.div_ceil(TASK_PIXELS) < 4 * threads {
+    if s.batch * plane.div_ceil(task_pixels) < 4 * threads {
         // Few pixels (7x7, 14x14 at batch 1): the groups are the tasks, as
         // many for every thread.
-        groups = groups.next_multiple_of(threads).min(ocb.div_ceil(OBT));
+        groups = groups.next_multiple_of(threads).min(ocb.div_ceil(obt));
     }
-    let group = ocb.div_ceil(groups).next_multiple_of(OBT).min(ocb);
+    let group = ocb.div_ceil(groups).next_multiple_of(obt).min(ocb);
     let groups = ocb.div_ceil(group);
     let want = (4 * threads).div_ceil(s.batch * groups);
     let runs = plane
-        .div_ceil(TASK_PIXELS)
+        .div_ceil(task_pixels)
         .max(want)
-        .min(plane.div_ceil(PT))
+        .min(plane.div_ceil(pt))
         .max(1);
-    let run_len = plane.div_ceil(runs).next_multiple_of(PT);
+    let run_len = plane.div_ceil(runs).next_multiple_of(pt);
     let runs = plane.div_ceil(run_len);
     let tasks = s.batch * groups * runs;
     let bias = &packed[ocb * w_stride..];
@@ -180,15 +178,15 @@ fn run(
         let (p0, p1) = (r * run_len, ((r + 1) * run_len).min(plane));
         let x = &input[n * icb * plane * BLOCK..][..icb * plane * BLOCK];
         let mut p = p0;
-        // Tiles of equal size, at most PT (49 pixels: 4 of 6 and 5 of 5,
-        // not 8 of 6 and one of 1).
-        let mut tiles = (p1 - p0).div_ceil(PT);
+        // Tiles of equal size, at most pt (49 pixels on AVX2: 4 of 6 and 5
+        // of 5, not 8 of 6 and one of 1).
+        let mut tiles = (p1 - p0).div_ceil(pt);
         while p < p1 {
             let np = (p1 - p).div_ceil(tiles);
             tiles -= 1;
             let mut ob = ob0;
             while ob < ob1 {
-                let nob = OBT.min(ob1 - ob);
+                let nob = obt.min(ob1 - ob);
                 // SAFETY: AVX2 and FMA (checked by the caller); the tile reads
                 // pixels p..p + np of every input block of image n, the
                 // weights and bias of blocks ob..ob + nob, and writes those
@@ -228,17 +226,17 @@ fn run(
     }
 }
 
-/// One register tile of `nob <= OBT` output blocks by `np <= PT` pixels.
+/// One register tile ([`super::tile`]) of `nob` output blocks by `np`
+/// pixels, each at most what [`super::tile::shape`] gives.
 ///
 /// # Safety
-/// AVX2 and FMA; `x` points at the tile's first pixel in input block 0,
-/// with blocks `x_stride` apart (`icb` of them); `w` at the first output
-/// block's packed weights, blocks `w_stride` apart; `bias` at its bias;
-/// `out` at the tile's first pixel in the first output block, blocks
+/// As [`super::tile::run`]; `x` points at the tile's first pixel in input
+/// block 0, with blocks `x_stride` apart (`icb` of them); `w` at the first
+/// output block's packed weights, blocks `w_stride` apart; `bias` at its
+/// bias; `out` at the tile's first pixel in the first output block, blocks
 /// `out_stride` apart.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn tile(
     nob: usize,
     np: usize,
@@ -251,62 +249,24 @@ pub(crate) unsafe fn tile(
     out: *mut f32,
     out_stride: usize,
 ) {
-    macro_rules! dispatch {
-        ($($ob:literal, $p:literal);*) => {
-            match (nob, np) {
-                $(($ob, $p) => tile_n::<$ob, $p>(x, x_stride, icb, w, w_stride, bias, out, out_stride),)*
-                _ => unreachable!("tile of {nob} blocks by {np} pixels"),
-            }
-        };
-    }
-    // SAFETY: the caller's contract, for the instance that matches.
-    unsafe { dispatch!(2, 6; 2, 5; 2, 4; 2, 3; 2, 2; 2, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1) }
-}
-
-/// [`tile`] for `OB` blocks by `P` pixels, unrolled.
-///
-/// # Safety
-/// As [`tile`].
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_n<const OB: usize, const P: usize>(
-    x: *const f32,
-    x_stride: usize,
-    icb: usize,
-    w: *const f32,
-    w_stride: usize,
-    bias: *const f32,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    use std::arch::x86_64::*;
-    // SAFETY (whole body): reads and writes stay in the ranges the caller
-    // vouches for.
-    unsafe {
-        let mut acc: [[__m256; P]; OB] =
-            std::array::from_fn(|o| [_mm256_loadu_ps(bias.add(o * BLOCK)); P]);
-        for b in 0..icb {
-            let xb = x.add(b * x_stride);
-            let wb = w.add(b * BLOCK * BLOCK);
-            for l in 0..BLOCK {
-                let wv: [__m256; OB] =
-                    std::array::from_fn(|o| _mm256_loadu_ps(wb.add(o * w_stride + l * BLOCK)));
-                for p in 0..P {
-                    let xv = _mm256_broadcast_ss(&*xb.add(p * BLOCK + l));
-                    for o in 0..OB {
-                        acc[o][p] = _mm256_fmadd_ps(wv[o], xv, acc[o][p]);
-                    }
-                }
-            }
-        }
-        for (o, row) in acc.iter().enumerate() {
-            for (p, v) in row.iter().enumerate() {
-                _mm256_storeu_ps(out.add(o * out_stride + p * BLOCK), *v);
-            }
-        }
-    }
+    let t = super::tile::Tile {
+        x,
+        x_block: x_stride,
+        icb,
+        last_lanes: BLOCK,
+        taps: &[0],
+        step: BLOCK,
+        w,
+        w_stride,
+        bias,
+        out,
+        out_block: out_stride,
+        blocked: true,
+        lane: 0,
+        valid: [BLOCK; super::tile::OBT_MAX],
+    };
+    // SAFETY: the caller's contract.
+    unsafe { super::tile::run(nob, np, &t) }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

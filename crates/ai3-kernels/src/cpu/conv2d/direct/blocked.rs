@@ -4,16 +4,17 @@
 //! whose pixels hold 8 input channels side by side (`[in block][padded
 //! row][padded column][8]`, the channel-blocked layout with borders), so a
 //! tap is a fixed offset and one cache line serves 8 input channels. The
-//! register tile is [`OBT`] blocks of 8 output channels by up to [`PT`]
-//! pixels of one output row: per input channel of a tap, [`OBT`] weight
-//! vectors and a broadcast of each pixel's value feed `OBT * PT` FMAs. The
+//! register tile ([`crate::cpu::blocked::tile`], wider on AVX-512) is a
+//! few blocks of 8 output channels by a few pixels of one output row: per
+//! input channel of a tap, one weight vector per block and a broadcast of
+//! each pixel's value feed an FMA per block and pixel. The
 //! vectors run over output channels, so small planes (7x7, 14x14) and
 //! thin layers fill every lane, which the NCHW kernels vectorised over a
 //! row's pixels cannot.
 //!
 //! Weights are packed once ([`pack`]): `[out block][in block][tap][input
 //! lane][8 output lanes]`, then the bias. Each image is split into tasks of
-//! (pair of output blocks, output row); a row is cut into tiles of equal
+//! (group of output blocks, output row); a row is cut into tiles of equal
 //! size so no tile runs nearly empty. Input and output are NCHW (each
 //! image's planes transposed into the padded copy, each tile's results
 //! scattered to 8 planes), or both channel-blocked, as the layout planner
@@ -22,21 +23,15 @@
 //! finished row). The padded copy is per-thread scratch: only its borders
 //! are zeroed on each call.
 
-use std::arch::x86_64::*;
-
 use rayon::prelude::*;
 
 use super::super::{threads_for_macs, Epilogue, SharedMut};
 use crate::alloc::{check_len, checked_product, KernelResult};
+use crate::cpu::blocked::tile::{self, Tile, OBT_MAX};
 use crate::cpu::blocked::{check_conv_buffers, BLOCK as CB};
 use crate::cpu::conv2d::depthwise;
 use crate::cpu::scratch::with_scratch_named;
 use crate::params::Conv2dParams;
-
-/// Output blocks per register tile.
-const OBT: usize = 2;
-/// Pixels per register tile, at most.
-const PT: usize = 6;
 
 /// Whether this path takes `p`: one group, on a CPU with AVX2 and FMA (the
 /// caller checks that the elements are f32).
@@ -154,7 +149,8 @@ pub fn conv2d(
     let plane_in = p.in_h * p.in_w;
     let plane_out = oh * ow;
     let last_lanes = p.in_channels - (icb - 1) * CB;
-    let pairs = ocb.div_ceil(OBT);
+    let (obt, pt) = tile::shape();
+    let groups = ocb.div_ceil(obt);
     let threads = threads_for_macs(p.macs());
     let buf_len = checked_product("padded input copy", &[icb, ph, pw, CB])?;
     with_scratch_named::<f32, _>(buf_len, "padded input copy", |buf| {
@@ -195,15 +191,15 @@ pub fn conv2d(
             let out = SharedMut(output[n * image_out..].as_mut_ptr());
             let task = |t: usize| {
                 let out = &out;
-                let (pair, y) = (t / oh, t % oh);
-                let ob = pair * OBT;
-                let nob = OBT.min(ocb - ob);
+                let (group, y) = (t / oh, t % oh);
+                let ob = group * obt;
+                let nob = obt.min(ocb - ob);
                 let row = &buf[y * p.stride.0 * pw * CB..];
                 // Channels of each output block of the tile.
-                let valid: [usize; OBT] =
+                let valid: [usize; OBT_MAX] =
                     std::array::from_fn(|o| CB.min(p.out_channels.saturating_sub((ob + o) * CB)));
                 let mut x = 0;
-                let mut tiles = ow.div_ceil(PT);
+                let mut tiles = ow.div_ceil(pt);
                 while x < ow {
                     let np = (ow - x).div_ceil(tiles);
                     tiles -= 1;
@@ -213,7 +209,7 @@ pub fn conv2d(
                     // those pixels of those channels' planes, which this
                     // task alone owns.
                     unsafe {
-                        tile(
+                        tile::run(
                             nob,
                             np,
                             &Tile {
@@ -246,7 +242,7 @@ pub fn conv2d(
                     }
                 }
             };
-            let tasks = pairs * oh;
+            let tasks = groups * oh;
             if threads > 1 && tasks > 1 {
                 (0..tasks).into_par_iter().for_each(task);
             } else {
@@ -254,122 +250,6 @@ pub fn conv2d(
             }
         }
     })
-}
-
-/// Where one register tile reads and writes.
-struct Tile<'a> {
-    /// The first pixel's window's top-left, input block 0, lane 0.
-    x: *const f32,
-    /// Elements between input blocks.
-    x_block: usize,
-    /// Input blocks.
-    icb: usize,
-    /// Input channels in the last block.
-    last_lanes: usize,
-    /// Offset of each tap from the window's top-left.
-    taps: &'a [usize],
-    /// Elements between the windows of consecutive output pixels.
-    step: usize,
-    /// The first output block's packed weights.
-    w: *const f32,
-    /// Elements between output blocks' packed weights.
-    w_stride: usize,
-    /// The first output block's bias.
-    bias: *const f32,
-    /// The first pixel of the first output block.
-    out: *mut f32,
-    /// Elements between output blocks.
-    out_block: usize,
-    /// Whether the output is channel-blocked (pixels of `CB` lanes) rather
-    /// than NCHW.
-    blocked: bool,
-    /// NCHW: elements between output channels' planes.
-    lane: usize,
-    /// Channels of each output block of the tile.
-    valid: [usize; OBT],
-}
-
-/// One register tile of `nob <= OBT` output blocks by `np <= PT` pixels.
-///
-/// # Safety
-/// AVX2 and FMA; every read and write `t` describes is inside its buffer.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile(nob: usize, np: usize, t: &Tile<'_>) {
-    macro_rules! dispatch {
-        ($($ob:literal, $p:literal);*) => {
-            match (nob, np) {
-                $(($ob, $p) => tile_n::<$ob, $p>(t),)*
-                _ => unreachable!("tile of {nob} blocks by {np} pixels"),
-            }
-        };
-    }
-    // SAFETY: the caller's contract, for the instance that matches.
-    unsafe { dispatch!(2, 6; 2, 5; 2, 4; 2, 3; 2, 2; 2, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1) }
-}
-
-/// [`tile`] for `OB` blocks by `P` pixels, unrolled.
-///
-/// # Safety
-/// As [`tile`].
-#[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_n<const OB: usize, const P: usize>(t: &Tile<'_>) {
-    // SAFETY (whole body): reads and writes stay in the ranges the caller
-    // vouches for.
-    unsafe {
-        let mut acc: [[__m256; P]; OB] =
-            std::array::from_fn(|o| [_mm256_loadu_ps(t.bias.add(o * CB)); P]);
-        let ntaps = t.taps.len();
-        // One input channel of one tap: OB weight vectors, a broadcast per pixel.
-        let step = |acc: &mut [[__m256; P]; OB], xt: *const f32, wt: *const f32, l: usize| {
-            let wv: [__m256; OB] =
-                std::array::from_fn(|o| _mm256_loadu_ps(wt.add(o * t.w_stride + l * CB)));
-            for p in 0..P {
-                let xv = _mm256_broadcast_ss(&*xt.add(p * t.step + l));
-                for o in 0..OB {
-                    acc[o][p] = _mm256_fmadd_ps(wv[o], xv, acc[o][p]);
-                }
-            }
-        };
-        for b in 0..t.icb {
-            let xb = t.x.add(b * t.x_block);
-            let wb = t.w.add(b * ntaps * CB * CB);
-            let lanes = if b + 1 == t.icb { t.last_lanes } else { CB };
-            for (k, &off) in t.taps.iter().enumerate() {
-                let (xt, wt) = (xb.add(off), wb.add(k * CB * CB));
-                if lanes == CB {
-                    // A whole block: a constant count the compiler unrolls.
-                    for l in 0..CB {
-                        step(&mut acc, xt, wt, l);
-                    }
-                } else {
-                    for l in 0..lanes {
-                        step(&mut acc, xt, wt, l);
-                    }
-                }
-            }
-        }
-        for o in 0..OB {
-            let out = t.out.add(o * t.out_block);
-            if t.blocked {
-                // Padding lanes have zero weights and bias: they store zeros.
-                for p in 0..P {
-                    _mm256_storeu_ps(out.add(p * CB), acc[o][p]);
-                }
-                continue;
-            }
-            let mut tmp = [[0.0f32; CB]; P];
-            for p in 0..P {
-                _mm256_storeu_ps(tmp[p].as_mut_ptr(), acc[o][p]);
-            }
-            for c in 0..t.valid[o] {
-                for p in 0..P {
-                    *out.add(c * t.lane + p) = tmp[p][c];
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

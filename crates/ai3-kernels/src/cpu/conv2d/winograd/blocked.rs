@@ -218,7 +218,8 @@ impl Tiles<'_> {
 /// Zero initial accumulators for the products (the bias comes with the
 /// output transform).
 #[cfg(target_arch = "x86_64")]
-static ZEROS: [f32; 2 * CB] = [0.0; 2 * CB];
+static ZEROS: [f32; crate::cpu::blocked::tile::OBT_MAX * CB] =
+    [0.0; crate::cpu::blocked::tile::OBT_MAX * CB];
 
 /// Convolves one block of tiles into `out` (the whole blocked output).
 ///
@@ -235,7 +236,7 @@ unsafe fn block(
     epilogue: Option<Epilogue<f32>>,
     shared: bool,
 ) -> KernelResult<()> {
-    use crate::cpu::blocked::pointwise::{tile, OBT, PT};
+    use crate::cpu::blocked::pointwise::tile;
 
     let (icb, ocb) = (blocks(p.in_channels), blocks(p.out_channels));
     let icp = icb * CB;
@@ -261,12 +262,13 @@ unsafe fn block(
         let transform_in = |(ib, rows): (usize, &mut [f32])| unsafe {
             input_transform(p, tiles, input, ib, rows, v.0, v_stride);
         };
-        let pairs = ocb.div_ceil(OBT);
+        let (obt, pt) = crate::cpu::blocked::tile::shape();
+        let groups = ocb.div_ceil(obt);
         let product = |task: usize| {
-            let (xi, ob) = (task / pairs, task % pairs * OBT);
-            let nob = OBT.min(ocb - ob);
-            // Tiles of equal size, at most PT.
-            let mut chunks = nt.div_ceil(PT);
+            let (xi, ob) = (task / groups, task % groups * obt);
+            let nob = obt.min(ocb - ob);
+            // Tiles of equal size, at most pt.
+            let mut chunks = nt.div_ceil(pt);
             let mut t = 0;
             while t < nt {
                 let np = (nt - t).div_ceil(chunks);
@@ -307,13 +309,13 @@ unsafe fn block(
             rows.par_chunks_mut(rows_len)
                 .enumerate()
                 .for_each(transform_in);
-            (0..POSITIONS * pairs).into_par_iter().for_each(product);
+            (0..POSITIONS * groups).into_par_iter().for_each(product);
             (0..ocb).into_par_iter().for_each(transform_out);
         } else {
             for ib in 0..icb {
                 transform_in((ib, &mut rows[..]));
             }
-            (0..POSITIONS * pairs).for_each(product);
+            (0..POSITIONS * groups).for_each(product);
             (0..ocb).for_each(transform_out);
         }
     })

@@ -1,0 +1,282 @@
+//! The register tile the blocked convolution kernels share: the 1x1 kernel
+//! ([`super::pointwise`]), the direct kernel (its taps) and the Winograd
+//! kernel's products all accumulate `OB` blocks of 8 output channels by `P`
+//! pixels. Per input channel of a tap, the tile loads the `OB` blocks'
+//! weight vectors once and broadcasts each pixel's value, feeding `OB * P`
+//! FMAs; the sums start from the bias and stay in registers for the whole
+//! reduction.
+//!
+//! One tile per [ISA level](crate::isa), its shape given by [`shape`]:
+//! - AVX2: 2 blocks by 6 pixels, 12 of the 16 ymm registers;
+//! - AVX-512: 4 blocks by 12 pixels, two blocks side by side in each zmm
+//!   register (the layout's blocks stay 8 wide, so a zmm's halves are
+//!   loaded from, and stored to, two blocks), 24 of the 32 registers. Twice
+//!   the lanes per FMA, and fewer broadcasts per FMA, than the AVX2 tile.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use super::BLOCK as CB;
+
+/// Output blocks per tile, at most, on any level.
+pub(crate) const OBT_MAX: usize = 4;
+
+/// The tile's shape on this CPU: (output blocks, pixels), each at most.
+pub(crate) fn shape() -> (usize, usize) {
+    if crate::isa::avx512() {
+        (4, 12)
+    } else {
+        (2, 6)
+    }
+}
+
+/// Where one register tile reads and writes.
+pub(crate) struct Tile<'a> {
+    /// The first pixel's window's top-left (its only pixel for a 1x1
+    /// convolution), input block 0, lane 0.
+    pub x: *const f32,
+    /// Elements between input blocks.
+    pub x_block: usize,
+    /// Input blocks.
+    pub icb: usize,
+    /// Input channels in the last block (the lanes past them are skipped).
+    pub last_lanes: usize,
+    /// Offset of each tap from the window's top-left.
+    pub taps: &'a [usize],
+    /// Elements between the windows of consecutive output pixels.
+    pub step: usize,
+    /// The first output block's packed weights: per input block, per tap,
+    /// per input lane, 8 output lanes.
+    pub w: *const f32,
+    /// Elements between output blocks' packed weights.
+    pub w_stride: usize,
+    /// The first output block's bias (the next blocks' follow it).
+    pub bias: *const f32,
+    /// The first pixel of the first output block.
+    pub out: *mut f32,
+    /// Elements between output blocks.
+    pub out_block: usize,
+    /// Whether the output is channel-blocked (pixels of 8 lanes) rather
+    /// than NCHW.
+    pub blocked: bool,
+    /// NCHW: elements between output channels' planes.
+    pub lane: usize,
+    /// NCHW: channels of each output block of the tile.
+    pub valid: [usize; OBT_MAX],
+}
+
+/// One register tile of `nob` output blocks by `np` pixels, each at most
+/// what [`shape`] gives.
+///
+/// # Safety
+/// AVX2 and FMA, and AVX-512 when [`crate::isa::avx512`]; every read and
+/// write `t` describes is inside its buffer.
+pub(crate) unsafe fn run(nob: usize, np: usize, t: &Tile<'_>) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if crate::isa::avx512() {
+            run_avx512(nob, np, t)
+        } else {
+            run_avx2(nob, np, t)
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
+    macro_rules! dispatch {
+        ($($ob:literal, $p:literal);*) => {
+            match (nob, np) {
+                $(($ob, $p) => avx2::<$ob, $p>(t),)*
+                _ => unreachable!("tile of {nob} blocks by {np} pixels"),
+            }
+        };
+    }
+    // SAFETY: the caller's contract, for the instance that matches.
+    unsafe { dispatch!(2, 6; 2, 5; 2, 4; 2, 3; 2, 2; 2, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1) }
+}
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
+    macro_rules! pixels {
+        ($z:literal: $($p:literal)*) => {
+            match np {
+                $($p => avx512::<$z, $p>(nob, t),)*
+                _ => unreachable!("tile of {nob} blocks by {np} pixels"),
+            }
+        };
+    }
+    // SAFETY: the caller's contract, for the instance that matches.
+    unsafe {
+        match nob {
+            3 | 4 => pixels!(2: 1 2 3 4 5 6 7 8 9 10 11 12),
+            1 | 2 => pixels!(1: 1 2 3 4 5 6 7 8 9 10 11 12),
+            _ => unreachable!("tile of {nob} blocks by {np} pixels"),
+        }
+    }
+}
+
+/// Calls `step(xt, wt, l)` for every input lane `l` of every tap of every
+/// input block: `xt` the tap's first window pixel, `wt` its packed weights.
+#[inline(always)]
+unsafe fn reduce(t: &Tile<'_>, mut step: impl FnMut(*const f32, *const f32, usize)) {
+    let ntaps = t.taps.len();
+    // SAFETY (whole body): offsets inside the buffers the caller vouches for.
+    unsafe {
+        for b in 0..t.icb {
+            let xb = t.x.add(b * t.x_block);
+            let wb = t.w.add(b * ntaps * CB * CB);
+            let lanes = if b + 1 == t.icb { t.last_lanes } else { CB };
+            for (k, &off) in t.taps.iter().enumerate() {
+                let (xt, wt) = (xb.add(off), wb.add(k * CB * CB));
+                if lanes == CB {
+                    // A whole block: a constant count the compiler unrolls.
+                    for l in 0..CB {
+                        step(xt, wt, l);
+                    }
+                } else {
+                    for l in 0..lanes {
+                        step(xt, wt, l);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Stores output block `o`'s `P` pixel vectors, `get(p)` giving pixel `p`.
+#[inline(always)]
+unsafe fn store<const P: usize>(t: &Tile<'_>, o: usize, get: impl Fn(usize) -> __m256) {
+    // SAFETY (whole body): the caller vouches for the output's range.
+    unsafe {
+        let out = t.out.add(o * t.out_block);
+        if t.blocked {
+            // Padding lanes have zero weights and bias: they store zeros.
+            for p in 0..P {
+                _mm256_storeu_ps(out.add(p * CB), get(p));
+            }
+            return;
+        }
+        let mut tmp = [[0.0f32; CB]; P];
+        for (p, v) in tmp.iter_mut().enumerate() {
+            _mm256_storeu_ps(v.as_mut_ptr(), get(p));
+        }
+        for c in 0..t.valid[o] {
+            for (p, v) in tmp.iter().enumerate() {
+                *out.add(c * t.lane + p) = v[c];
+            }
+        }
+    }
+}
+
+/// The AVX2 tile for `OB` blocks by `P` pixels, unrolled.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2<const OB: usize, const P: usize>(t: &Tile<'_>) {
+    // SAFETY (whole body): reads and writes stay in the ranges the caller
+    // vouches for.
+    unsafe {
+        let mut acc: [[__m256; P]; OB] =
+            std::array::from_fn(|o| [_mm256_loadu_ps(t.bias.add(o * CB)); P]);
+        reduce(t, |xt, wt, l| {
+            let wv: [__m256; OB] =
+                std::array::from_fn(|o| _mm256_loadu_ps(wt.add(o * t.w_stride + l * CB)));
+            for p in 0..P {
+                let xv = _mm256_broadcast_ss(&*xt.add(p * t.step + l));
+                for o in 0..OB {
+                    acc[o][p] = _mm256_fmadd_ps(wv[o], xv, acc[o][p]);
+                }
+            }
+        });
+        for o in 0..OB {
+            store::<P>(t, o, |p| acc[o][p]);
+        }
+    }
+}
+
+/// Blocks `lo` and `hi` of 8 values each, `stride` apart from `at`, as
+/// one zmm vector (`hi` in the upper half).
+#[inline(always)]
+unsafe fn pair(at: *const f32, stride: usize, lo: usize, hi: usize) -> __m512 {
+    // SAFETY: the caller vouches for both blocks.
+    unsafe {
+        let l = _mm256_castps_pd(_mm256_loadu_ps(at.add(lo * stride)));
+        let h = _mm256_castps_pd(_mm256_loadu_ps(at.add(hi * stride)));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(l), h))
+    }
+}
+
+/// Half `h` (0 low, 1 high) of `v`.
+#[inline(always)]
+unsafe fn half(v: __m512, h: usize) -> __m256 {
+    // SAFETY: register-only AVX-512F operations.
+    unsafe {
+        if h == 0 {
+            _mm512_castps512_ps256(v)
+        } else {
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+        }
+    }
+}
+
+/// The AVX-512 tile for `nob` blocks (`2 * Z - 1` or `2 * Z`, `Z` 1 or 2)
+/// by `P` pixels, unrolled: block `o` in half `o % 2` of zmm `o / 2`. With
+/// an odd `nob` the last zmm's upper half repeats its lower block, and is
+/// not stored. The two rows of sums are separate arrays, each indexed by
+/// constants only, so that they stay in registers.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn avx512<const Z: usize, const P: usize>(nob: usize, t: &Tile<'_>) {
+    let (hi0, hi1) = (1.min(nob - 1), 3.min(nob - 1));
+    // SAFETY (whole body): reads and writes stay in the ranges the caller
+    // vouches for (blocks below nob).
+    unsafe {
+        let mut a0 = [pair(t.bias, CB, 0, hi0); P];
+        let mut a1 = if Z == 2 {
+            [pair(t.bias, CB, 2, hi1); P]
+        } else {
+            [_mm512_setzero_ps(); P]
+        };
+        let ntaps = t.taps.len();
+        for b in 0..t.icb {
+            let xb = t.x.add(b * t.x_block);
+            let wb = t.w.add(b * ntaps * CB * CB);
+            let lanes = if b + 1 == t.icb { t.last_lanes } else { CB };
+            for (k, &off) in t.taps.iter().enumerate() {
+                let (xt, wt) = (xb.add(off), wb.add(k * CB * CB));
+                for l in 0..lanes {
+                    let w0 = pair(wt.add(l * CB), t.w_stride, 0, hi0);
+                    let w1 = if Z == 2 {
+                        pair(wt.add(l * CB), t.w_stride, 2, hi1)
+                    } else {
+                        w0
+                    };
+                    for p in 0..P {
+                        let xv = _mm512_set1_ps(*xt.add(p * t.step + l));
+                        a0[p] = _mm512_fmadd_ps(w0, xv, a0[p]);
+                        if Z == 2 {
+                            a1[p] = _mm512_fmadd_ps(w1, xv, a1[p]);
+                        }
+                    }
+                }
+            }
+        }
+        let lo0: [__m256; P] = std::array::from_fn(|p| half(a0[p], 0));
+        store::<P>(t, 0, |p| lo0[p]);
+        if nob > 1 {
+            let hi: [__m256; P] = std::array::from_fn(|p| half(a0[p], 1));
+            store::<P>(t, 1, |p| hi[p]);
+        }
+        if Z == 2 {
+            let lo1: [__m256; P] = std::array::from_fn(|p| half(a1[p], 0));
+            store::<P>(t, 2, |p| lo1[p]);
+            if nob > 3 {
+                let hi: [__m256; P] = std::array::from_fn(|p| half(a1[p], 1));
+                store::<P>(t, 3, |p| hi[p]);
+            }
+        }
+    }
+}
