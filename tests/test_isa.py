@@ -60,3 +60,26 @@ def test_lower_levels_pass_the_conv_and_pool_grids(level):
     tail = (got.stdout + got.stderr)[-3000:]
     assert got.returncode == 0, tail
     assert " passed" in got.stdout, tail
+
+
+@pytest.mark.slow
+def test_avx2_runs_the_blocked_layout_tests():
+    """The blocked kernels have a register tile per level (AVX-512 and AVX2):
+    on a CPU with AVX-512 the main run covers only the wider one, so the
+    blocked-layout tests run again with the level capped at AVX2."""
+    if LEVELS.index(_core.cpu_isa()) <= LEVELS.index("avx2"):
+        pytest.skip(f"this CPU's best level is {_core.cpu_isa()}: the main run covers avx2")
+    got = _run(
+        "avx2",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        str(TESTS / "test_layouts.py"),
+    )
+    tail = (got.stdout + got.stderr)[-3000:]
+    assert got.returncode == 0, tail
+    assert " passed" in got.stdout, tail
