@@ -160,6 +160,27 @@ fn pools(c: &mut Criterion) {
     group.bench_function("maxpool2d/10x64x112x112", |bch| {
         bch.iter(|| pool::maxpool2d(&p, &x, &mut out).expect("kernel"))
     });
+    // SqueezeNet's 3x3 stride-2 ceil-mode pooling of 128 channels at
+    // 55x55, batch 10, NCHW and channel-blocked.
+    let p = Pool2dParams {
+        batch: 10,
+        channels: 128,
+        in_h: 55,
+        in_w: 55,
+        kernel: (3, 3),
+        stride: (2, 2),
+        padding: (0, 0),
+        dilation: (1, 1),
+        ceil_mode: true,
+    };
+    let x = values(p.input_len(), 8);
+    let mut out = vec![0f32; p.output_len()];
+    group.bench_function("maxpool2d/10x128x55x55_3x3s2", |bch| {
+        bch.iter(|| pool::maxpool2d(&p, &x, &mut out).expect("kernel"))
+    });
+    group.bench_function("maxpool2d_blocked/10x128x55x55_3x3s2", |bch| {
+        bch.iter(|| pool::maxpool2d_blocked(&p, &x, &mut out).expect("kernel"))
+    });
     group.finish();
 }
 

@@ -74,6 +74,28 @@ fn pool<T: Float>(
         output,
         out_plane * BLOCK,
         |src, dst| {
+            #[cfg(target_arch = "x86_64")]
+            if let (Some(s32), Some(d32), true) = (
+                crate::float::as_f32(src),
+                crate::float::as_f32_mut(dst),
+                crate::isa::avx2(),
+            ) {
+                let g32 = Geometry {
+                    iw: g.iw,
+                    dilation: g.dilation,
+                    rows: g.rows,
+                    cols: g.cols,
+                    divisors: g.divisors.map(|(r, c)| {
+                        (
+                            crate::float::as_f32(r).expect("f32 divisors"),
+                            crate::float::as_f32(c).expect("f32 divisors"),
+                        )
+                    }),
+                };
+                // SAFETY: AVX2 and FMA are available.
+                unsafe { plane_f32(s32, d32, &g32, reduce) };
+                return Ok(());
+            }
             // SAFETY: plain Rust on slices, compiled for the ISA level in use.
             unsafe {
                 match reduce {
@@ -109,30 +131,92 @@ unsafe fn plane_impl<T: Float, F: Fn(T, T) -> T>(
     f: F,
 ) {
     let ow = g.cols.len();
+    // The pixel of tap (ky, kx) of the window at (y0, x0).
+    let pixel = |y0: isize, x0: isize, ky: usize, kx: usize| -> &[T; BLOCK] {
+        let iy = (y0 + (ky * g.dilation.0) as isize) as usize;
+        let ix = (x0 + (kx * g.dilation.1) as isize) as usize;
+        (&src[(iy * g.iw + ix) * BLOCK..][..BLOCK])
+            .try_into()
+            .expect("a whole pixel")
+    };
+    // Lane by lane, no branch: the compiler keeps the pixel in one vector.
+    let meet = |acc: &mut [T; BLOCK], px: &[T; BLOCK]| {
+        for l in 0..BLOCK {
+            acc[l] = f(acc[l], px[l]);
+        }
+    };
     for (y, (y0, ty)) in g.rows.iter().enumerate() {
         for (x, (x0, tx)) in g.cols.iter().enumerate() {
             // Sums and maxima both start from the first tap: a window has
             // at least one (PyTorch's padding is at most half the window).
-            let mut acc: Option<[T; BLOCK]> = None;
-            for ky in ty.clone() {
-                let iy = (y0 + (ky * g.dilation.0) as isize) as usize;
-                for kx in tx.clone() {
-                    let ix = (x0 + (kx * g.dilation.1) as isize) as usize;
-                    let px: &[T; BLOCK] = (&src[(iy * g.iw + ix) * BLOCK..][..BLOCK])
-                        .try_into()
-                        .expect("a whole pixel");
-                    acc = Some(match acc {
-                        None => *px,
-                        Some(a) => std::array::from_fn(|l| f(a[l], px[l])),
-                    });
+            let mut v = [T::nan(); BLOCK];
+            if !ty.is_empty() && !tx.is_empty() {
+                v = *pixel(*y0, *x0, ty.start, tx.start);
+                for kx in tx.start + 1..tx.end {
+                    meet(&mut v, pixel(*y0, *x0, ty.start, kx));
+                }
+                for ky in ty.start + 1..ty.end {
+                    for kx in tx.clone() {
+                        meet(&mut v, pixel(*y0, *x0, ky, kx));
+                    }
                 }
             }
-            let mut v = acc.unwrap_or([T::nan(); BLOCK]);
             if let Some((rows, cols)) = g.divisors {
                 let d = rows[y] * cols[x];
                 v = v.map(|e| e / d);
             }
             dst[(y * ow + x) * BLOCK..][..BLOCK].copy_from_slice(&v);
+        }
+    }
+}
+
+/// [`plane`] for f32 with AVX2: a pixel is one vector, maxima keep
+/// [`nan_max`]'s NaN rule (`maxps` gives its second operand when either is
+/// NaN, so a NaN tap wins; a NaN already in the maximum is put back). The
+/// generic version was not vectorised (squeezenet1_1's 128 channels at
+/// 55x55 -> 27x27, batch 10: 1.16 ms against ONNX Runtime's 0.23).
+///
+/// # Safety
+/// AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn plane_f32(src: &[f32], dst: &mut [f32], g: &Geometry<'_, f32>, reduce: Reduce) {
+    use std::arch::x86_64::*;
+    let ow = g.cols.len();
+    let pixel = |y0: isize, x0: isize, ky: usize, kx: usize| {
+        let iy = (y0 + (ky * g.dilation.0) as isize) as usize;
+        let ix = (x0 + (kx * g.dilation.1) as isize) as usize;
+        let px = &src[(iy * g.iw + ix) * BLOCK..][..BLOCK];
+        // SAFETY: px holds BLOCK = 8 values.
+        unsafe { _mm256_loadu_ps(px.as_ptr()) }
+    };
+    let meet = |acc: __m256, v: __m256| match reduce {
+        Reduce::Max => {
+            let m = _mm256_max_ps(acc, v);
+            _mm256_blendv_ps(m, acc, _mm256_cmp_ps::<_CMP_UNORD_Q>(acc, acc))
+        }
+        Reduce::Sum => _mm256_add_ps(acc, v),
+    };
+    for (y, (y0, ty)) in g.rows.iter().enumerate() {
+        for (x, (x0, tx)) in g.cols.iter().enumerate() {
+            let mut v = _mm256_set1_ps(f32::NAN);
+            if !ty.is_empty() && !tx.is_empty() {
+                v = pixel(*y0, *x0, ty.start, tx.start);
+                for kx in tx.start + 1..tx.end {
+                    v = meet(v, pixel(*y0, *x0, ty.start, kx));
+                }
+                for ky in ty.start + 1..ty.end {
+                    for kx in tx.clone() {
+                        v = meet(v, pixel(*y0, *x0, ky, kx));
+                    }
+                }
+            }
+            if let Some((rows, cols)) = g.divisors {
+                v = _mm256_div_ps(v, _mm256_set1_ps(rows[y] * cols[x]));
+            }
+            let out = &mut dst[(y * ow + x) * BLOCK..][..BLOCK];
+            // SAFETY: out holds BLOCK = 8 values.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
         }
     }
 }
