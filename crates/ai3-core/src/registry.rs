@@ -243,9 +243,9 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// DenseNet's dense blocks run blocked from end to end: densenet121 0.92x
 /// the time with them on Winograd at batch 1, 0.93x at batch 10 (own
 /// processes, alternating). Left to the others: 256 -> 256 at 14x14 (1.33
-/// against 0.92), strided layers (128 -> 128 stride 2 at 56x56 1.76
-/// against GEMM's 1.70), RGB input layers (3 -> 32 3x3 stride 2 0.35
-/// against 0.25).
+/// against 0.92), strided layers on AVX2 (128 -> 128 stride 2 at 56x56
+/// 1.76 against GEMM's 1.70; see [`strided_blocked_direct`] for AVX-512),
+/// RGB input layers (3 -> 32 3x3 stride 2 0.35 against 0.25).
 fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
     let blocked = match dtype {
         DType::F32 => direct::runs_blocked::<f32>(p),
@@ -254,12 +254,24 @@ fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
     let beats_winograd = (p.in_channels_per_group() < WINOGRAD_MIN_CHANNELS
         || p.out_channels <= THIN_OUTPUTS)
         && !thin_but_blocked_winograd(p, dtype);
+    let shape = (p.stride == (1, 1) && p.kernel_h * p.kernel_w > 1) || strided_blocked_direct(p);
     blocked
         && p.in_channels >= FEW_INPUT_CHANNELS
-        && p.stride == (1, 1)
-        && p.kernel_h * p.kernel_w > 1
+        && shape
         && padded_copy_is_small(p)
         && (winograd::check(p).is_err() || beats_winograd)
+}
+
+/// Whether a strided layer (3x3, or ResNet's 1x1 stride-2 downsampling)
+/// goes to the blocked direct kernel: with AVX-512, whose register tile (4
+/// blocks of 8 output channels by 12 pixels, two blocks per zmm register)
+/// is twice the AVX2 one's. Measured on resnet50 (its 3x3 and 1x1 stride-2
+/// layers, which then also keep the blocked layout; Zen 5, 2 threads, each
+/// build in its own process, alternating): 0.94x the time at batch 1,
+/// 0.90-0.97x at batch 10. With AVX2 it was 1.07x and 0.995x, so there
+/// they stay on GEMM.
+fn strided_blocked_direct(p: &Conv2dParams) -> bool {
+    p.stride != (1, 1) && ai3_kernels::isa::avx512()
 }
 
 /// Most output channels of a 3x3 layer that the blocked direct kernel runs
@@ -991,6 +1003,13 @@ mod tests {
         let blocked = direct::runs_blocked::<f32>(&conv_params());
         let thin_stride_1 = if blocked { Algorithm::Direct } else { thin };
         assert_eq!(pick(f32_conv(16, 3, 1, 1)).unwrap(), thin_stride_1);
+        // Strided layers with 16 inputs or more (3x3, and 1x1 as ResNet's
+        // downsampling) go to direct's channel blocks with AVX-512 only.
+        let strided = direct::runs_blocked::<f32>(&conv_params()) && ai3_kernels::isa::avx512();
+        for k in [3, 1] {
+            let on_direct = pick(f32_conv(64, k, 2, 1)).unwrap() == Algorithm::Direct;
+            assert_eq!(on_direct, strided, "{k}x{k} stride 2");
+        }
         // RGB layers with large kernels go to direct.
         assert_eq!(pick(f32_conv(3, 7, 2, 1)).unwrap(), Algorithm::Direct);
         assert_eq!(pick(f32_conv(3, 5, 1, 1)).unwrap(), Algorithm::Direct);
