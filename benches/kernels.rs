@@ -138,6 +138,29 @@ fn gemm_linear(c: &mut Criterion) {
     group.bench_function("gemm/64x4096x4096", |bch| {
         bch.iter(|| linear::gemm(&p, &x, &w, Some(&b), &mut out).expect("kernel"))
     });
+    // ConvNeXt-T's MLP layers at batch 1 (196 and 49 tokens): the gemm
+    // crate against the packed register-tile kernel.
+    for (rows, inf, outf) in [(196, 384, 1536), (196, 1536, 384), (3136, 96, 384)] {
+        let p = LinearParams {
+            rows,
+            in_features: inf,
+            out_features: outf,
+        };
+        let x = values(rows * inf, 4);
+        let w = values(outf * inf, 5);
+        let b = values(outf, 6);
+        let mut out = vec![0f32; rows * outf];
+        group.throughput(Throughput::Elements((2 * rows * inf * outf) as u64));
+        let id = format!("{rows}x{inf}x{outf}");
+        group.bench_function(BenchmarkId::new("gemm", &id), |bch| {
+            bch.iter(|| linear::gemm(&p, &x, &w, Some(&b), &mut out).expect("kernel"))
+        });
+        if let Ok(Some(packed)) = linear::packed::PackedWeight::new(&w, Some(&b), outf, inf) {
+            group.bench_function(BenchmarkId::new("packed", &id), |bch| {
+                bch.iter(|| linear::packed::linear(&p, &x, &packed, &mut out, None))
+            });
+        }
+    }
     group.finish();
 }
 
