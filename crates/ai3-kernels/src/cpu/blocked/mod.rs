@@ -13,9 +13,11 @@
 //! formats keep between convolutions; ai3's graph planner keeps runs of
 //! operations in it and reorders only at their edges ([`to_blocked`],
 //! [`from_blocked`]). The convolution kernels ([`pointwise`], and the
-//! blocked entry points of the depthwise, direct and Winograd kernels, the
-//! last two on [`pointwise`]'s register tile) are f32 with AVX2 and FMA
-//! ([`available`]); the reorders and [`global_avg_pool`] are portable.
+//! blocked entry points of the depthwise, direct and Winograd kernels) are
+//! f32 with AVX2 and FMA ([`available`]); all but the depthwise one
+//! accumulate on one register tile per ISA level (`tile`: AVX-512 puts two
+//! blocks in each zmm register). The reorders and [`global_avg_pool`] are
+//! portable.
 
 pub mod pointwise;
 pub(crate) mod tile;

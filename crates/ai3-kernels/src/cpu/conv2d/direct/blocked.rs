@@ -4,7 +4,7 @@
 //! whose pixels hold 8 input channels side by side (`[in block][padded
 //! row][padded column][8]`, the channel-blocked layout with borders), so a
 //! tap is a fixed offset and one cache line serves 8 input channels. The
-//! register tile ([`crate::cpu::blocked::tile`], wider on AVX-512) is a
+//! register tile (`cpu/blocked/tile.rs`, wider on AVX-512) is a
 //! few blocks of 8 output channels by a few pixels of one output row: per
 //! input channel of a tap, one weight vector per block and a broadcast of
 //! each pixel's value feed an FMA per block and pixel. The

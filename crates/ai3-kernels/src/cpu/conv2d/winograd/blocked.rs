@@ -8,8 +8,9 @@
 //! input of a block of tiles is, per position, a blocked "image" whose
 //! pixels are the tiles (`[16][in block][tile][8]`). Each position's
 //! product over the input channels is then a 1x1 convolution of that image,
-//! which the blocked 1x1 kernel's register tile computes
-//! ([`crate::cpu::blocked::pointwise`]), into `[16][out block][tile][8]`;
+//! which the blocked convolutions' register tile computes (as in
+//! [`crate::cpu::blocked::pointwise`]; wider with AVX-512), into
+//! `[16][out block][tile][8]`;
 //! the output transform turns each tile's 16 vectors into its 2x2 output
 //! pixels, adds the bias and stores them as blocked pixels, and the fused
 //! epilogue (a residual, an activation) runs on each finished output row.
@@ -18,7 +19,7 @@
 //! Tiles are cut into blocks as the NCHW kernel cuts them (its `Plan`):
 //! a block per task when there are enough for the threads, else the blocks
 //! in turn with each phase shared among the threads (input transform by
-//! channel blocks, products by position and pair of output blocks, output
+//! channel blocks, products by position and group of output blocks, output
 //! transform by output blocks).
 //!
 //! Weights are packed once ([`pack`]): the transformed filter `G g Gᵀ` as
