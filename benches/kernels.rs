@@ -186,15 +186,12 @@ fn pools(c: &mut Criterion) {
     // SqueezeNet's 3x3 stride-2 ceil-mode pooling of 128 channels at
     // 55x55, batch 10, NCHW and channel-blocked.
     let p = Pool2dParams {
-        batch: 10,
         channels: 128,
         in_h: 55,
         in_w: 55,
         kernel: (3, 3),
-        stride: (2, 2),
-        padding: (0, 0),
-        dilation: (1, 1),
         ceil_mode: true,
+        ..p
     };
     let x = values(p.input_len(), 8);
     let mut out = vec![0f32; p.output_len()];

@@ -38,28 +38,26 @@ def test_a_capped_level_is_used(level):
     assert got.stdout.strip() == want
 
 
+def _pytest_passes(level: str, *args: str) -> None:
+    """Runs pytest on ``args`` with the level capped at ``level``; asserts it passed."""
+    got = _run(level, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *args)
+    tail = (got.stdout + got.stderr)[-3000:]
+    assert got.returncode == 0, tail
+    assert " passed" in got.stdout, tail
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("level", ["portable", "avx2"])
 def test_lower_levels_pass_the_conv_and_pool_grids(level):
     if LEVELS.index(level) >= LEVELS.index(_core.cpu_isa()):
         pytest.skip(f"this CPU's best level is {_core.cpu_isa()}: the main run covers {level}")
-    got = _run(
+    _pytest_passes(
         level,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:randomly",
-        "-p",
-        "no:cacheprovider",
         str(TESTS / "test_conv2d.py"),
         str(TESTS / "test_layers.py"),
         "-k",
         "convert and (conv2d or depthwise or pointwise or pool or linear)",
     )
-    tail = (got.stdout + got.stderr)[-3000:]
-    assert got.returncode == 0, tail
-    assert " passed" in got.stdout, tail
 
 
 @pytest.mark.slow
@@ -69,17 +67,4 @@ def test_avx2_runs_the_blocked_layout_tests():
     blocked-layout tests run again with the level capped at AVX2."""
     if LEVELS.index(_core.cpu_isa()) <= LEVELS.index("avx2"):
         pytest.skip(f"this CPU's best level is {_core.cpu_isa()}: the main run covers avx2")
-    got = _run(
-        "avx2",
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:randomly",
-        "-p",
-        "no:cacheprovider",
-        str(TESTS / "test_layouts.py"),
-    )
-    tail = (got.stdout + got.stderr)[-3000:]
-    assert got.returncode == 0, tail
-    assert " passed" in got.stdout, tail
+    _pytest_passes("avx2", str(TESTS / "test_layouts.py"))

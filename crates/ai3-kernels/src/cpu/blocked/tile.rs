@@ -240,30 +240,21 @@ unsafe fn avx512<const Z: usize, const P: usize>(nob: usize, t: &Tile<'_>) {
         } else {
             [_mm512_setzero_ps(); P]
         };
-        let ntaps = t.taps.len();
-        for b in 0..t.icb {
-            let xb = t.x.add(b * t.x_block);
-            let wb = t.w.add(b * ntaps * CB * CB);
-            let lanes = if b + 1 == t.icb { t.last_lanes } else { CB };
-            for (k, &off) in t.taps.iter().enumerate() {
-                let (xt, wt) = (xb.add(off), wb.add(k * CB * CB));
-                for l in 0..lanes {
-                    let w0 = pair(wt.add(l * CB), t.w_stride, 0, hi0);
-                    let w1 = if Z == 2 {
-                        pair(wt.add(l * CB), t.w_stride, 2, hi1)
-                    } else {
-                        w0
-                    };
-                    for p in 0..P {
-                        let xv = _mm512_set1_ps(*xt.add(p * t.step + l));
-                        a0[p] = _mm512_fmadd_ps(w0, xv, a0[p]);
-                        if Z == 2 {
-                            a1[p] = _mm512_fmadd_ps(w1, xv, a1[p]);
-                        }
-                    }
+        reduce(t, |xt, wt, l| {
+            let w0 = pair(wt.add(l * CB), t.w_stride, 0, hi0);
+            let w1 = if Z == 2 {
+                pair(wt.add(l * CB), t.w_stride, 2, hi1)
+            } else {
+                w0
+            };
+            for p in 0..P {
+                let xv = _mm512_set1_ps(*xt.add(p * t.step + l));
+                a0[p] = _mm512_fmadd_ps(w0, xv, a0[p]);
+                if Z == 2 {
+                    a1[p] = _mm512_fmadd_ps(w1, xv, a1[p]);
                 }
             }
-        }
+        });
         let lo0: [__m256; P] = std::array::from_fn(|p| half(a0[p], 0));
         store::<P>(t, 0, |p| lo0[p]);
         if nob > 1 {
