@@ -68,6 +68,9 @@ fn pool<T: Float>(
         cols: &cols,
         divisors,
     };
+    // The AVX2 kernel's view of the windows, when the elements are f32.
+    #[cfg(target_arch = "x86_64")]
+    let g32 = if crate::isa::avx2() { g.as_f32() } else { None };
     for_each_plane(
         input,
         in_plane * BLOCK,
@@ -75,25 +78,13 @@ fn pool<T: Float>(
         out_plane * BLOCK,
         |src, dst| {
             #[cfg(target_arch = "x86_64")]
-            if let (Some(s32), Some(d32), true) = (
+            if let (Some(g32), Some(s32), Some(d32)) = (
+                &g32,
                 crate::float::as_f32(src),
                 crate::float::as_f32_mut(dst),
-                crate::isa::avx2(),
             ) {
-                let g32 = Geometry {
-                    iw: g.iw,
-                    dilation: g.dilation,
-                    rows: g.rows,
-                    cols: g.cols,
-                    divisors: g.divisors.map(|(r, c)| {
-                        (
-                            crate::float::as_f32(r).expect("f32 divisors"),
-                            crate::float::as_f32(c).expect("f32 divisors"),
-                        )
-                    }),
-                };
-                // SAFETY: AVX2 and FMA are available.
-                unsafe { plane_f32(s32, d32, &g32, reduce) };
+                // SAFETY: AVX2 and FMA are available (g32 is only built then).
+                unsafe { plane_f32(s32, d32, g32, reduce) };
                 return Ok(());
             }
             // SAFETY: plain Rust on slices, compiled for the ISA level in use.
@@ -117,6 +108,56 @@ struct Geometry<'a, T> {
     divisors: Option<(&'a [T], &'a [T])>,
 }
 
+impl<T: Float> Geometry<'_, T> {
+    /// The same windows with f32 divisors, when `T` is f32.
+    #[cfg(target_arch = "x86_64")]
+    fn as_f32(&self) -> Option<Geometry<'_, f32>> {
+        crate::float::as_f32::<T>(&[])?;
+        Some(Geometry {
+            iw: self.iw,
+            dilation: self.dilation,
+            rows: self.rows,
+            cols: self.cols,
+            divisors: match self.divisors {
+                Some((r, c)) => Some((crate::float::as_f32(r)?, crate::float::as_f32(c)?)),
+                None => None,
+            },
+        })
+    }
+
+    /// `meet` over the in-bounds taps of the window at `(y0, ty)`, `(x0,
+    /// tx)`, starting from its first tap (`load(at)` reads the pixel at
+    /// element `at` of the plane); `empty` for a window without taps.
+    #[inline(always)]
+    fn window<V>(
+        &self,
+        (y0, ty): &Taps,
+        (x0, tx): &Taps,
+        load: impl Fn(usize) -> V,
+        meet: impl Fn(V, V) -> V,
+        empty: V,
+    ) -> V {
+        if ty.is_empty() || tx.is_empty() {
+            return empty;
+        }
+        let at = |ky: usize, kx: usize| {
+            let iy = (y0 + (ky * self.dilation.0) as isize) as usize;
+            let ix = (x0 + (kx * self.dilation.1) as isize) as usize;
+            load((iy * self.iw + ix) * BLOCK)
+        };
+        let mut v = at(ty.start, tx.start);
+        for kx in tx.start + 1..tx.end {
+            v = meet(v, at(ty.start, kx));
+        }
+        for ky in ty.start + 1..ty.end {
+            for kx in tx.clone() {
+                v = meet(v, at(ky, kx));
+            }
+        }
+        v
+    }
+}
+
 multiversion! {
     /// One blocked plane: `dst[y][x][l]` = `f` over the in-bounds taps of
     /// window `(y, x)` of `src[.][.][l]`, divided when `g.divisors` says.
@@ -131,36 +172,15 @@ unsafe fn plane_impl<T: Float, F: Fn(T, T) -> T>(
     f: F,
 ) {
     let ow = g.cols.len();
-    // The pixel of tap (ky, kx) of the window at (y0, x0).
-    let pixel = |y0: isize, x0: isize, ky: usize, kx: usize| -> &[T; BLOCK] {
-        let iy = (y0 + (ky * g.dilation.0) as isize) as usize;
-        let ix = (x0 + (kx * g.dilation.1) as isize) as usize;
-        (&src[(iy * g.iw + ix) * BLOCK..][..BLOCK])
-            .try_into()
-            .expect("a whole pixel")
-    };
+    let load =
+        |at: usize| -> [T; BLOCK] { (&src[at..][..BLOCK]).try_into().expect("a whole pixel") };
     // Lane by lane, no branch: the compiler keeps the pixel in one vector.
-    let meet = |acc: &mut [T; BLOCK], px: &[T; BLOCK]| {
-        for l in 0..BLOCK {
-            acc[l] = f(acc[l], px[l]);
-        }
-    };
-    for (y, (y0, ty)) in g.rows.iter().enumerate() {
-        for (x, (x0, tx)) in g.cols.iter().enumerate() {
+    let meet = |a: [T; BLOCK], px: [T; BLOCK]| std::array::from_fn(|l| f(a[l], px[l]));
+    for (y, ty) in g.rows.iter().enumerate() {
+        for (x, tx) in g.cols.iter().enumerate() {
             // Sums and maxima both start from the first tap: a window has
             // at least one (PyTorch's padding is at most half the window).
-            let mut v = [T::nan(); BLOCK];
-            if !ty.is_empty() && !tx.is_empty() {
-                v = *pixel(*y0, *x0, ty.start, tx.start);
-                for kx in tx.start + 1..tx.end {
-                    meet(&mut v, pixel(*y0, *x0, ty.start, kx));
-                }
-                for ky in ty.start + 1..ty.end {
-                    for kx in tx.clone() {
-                        meet(&mut v, pixel(*y0, *x0, ky, kx));
-                    }
-                }
-            }
+            let mut v = g.window(ty, tx, load, meet, [T::nan(); BLOCK]);
             if let Some((rows, cols)) = g.divisors {
                 let d = rows[y] * cols[x];
                 v = v.map(|e| e / d);
@@ -183,10 +203,8 @@ unsafe fn plane_impl<T: Float, F: Fn(T, T) -> T>(
 unsafe fn plane_f32(src: &[f32], dst: &mut [f32], g: &Geometry<'_, f32>, reduce: Reduce) {
     use std::arch::x86_64::*;
     let ow = g.cols.len();
-    let pixel = |y0: isize, x0: isize, ky: usize, kx: usize| {
-        let iy = (y0 + (ky * g.dilation.0) as isize) as usize;
-        let ix = (x0 + (kx * g.dilation.1) as isize) as usize;
-        let px = &src[(iy * g.iw + ix) * BLOCK..][..BLOCK];
+    let load = |at: usize| {
+        let px = &src[at..][..BLOCK];
         // SAFETY: px holds BLOCK = 8 values.
         unsafe { _mm256_loadu_ps(px.as_ptr()) }
     };
@@ -197,20 +215,9 @@ unsafe fn plane_f32(src: &[f32], dst: &mut [f32], g: &Geometry<'_, f32>, reduce:
         }
         Reduce::Sum => _mm256_add_ps(acc, v),
     };
-    for (y, (y0, ty)) in g.rows.iter().enumerate() {
-        for (x, (x0, tx)) in g.cols.iter().enumerate() {
-            let mut v = _mm256_set1_ps(f32::NAN);
-            if !ty.is_empty() && !tx.is_empty() {
-                v = pixel(*y0, *x0, ty.start, tx.start);
-                for kx in tx.start + 1..tx.end {
-                    v = meet(v, pixel(*y0, *x0, ty.start, kx));
-                }
-                for ky in ty.start + 1..ty.end {
-                    for kx in tx.clone() {
-                        v = meet(v, pixel(*y0, *x0, ky, kx));
-                    }
-                }
-            }
+    for (y, ty) in g.rows.iter().enumerate() {
+        for (x, tx) in g.cols.iter().enumerate() {
+            let mut v = g.window(ty, tx, load, meet, _mm256_set1_ps(f32::NAN));
             if let Some((rows, cols)) = g.divisors {
                 v = _mm256_div_ps(v, _mm256_set1_ps(rows[y] * cols[x]));
             }
