@@ -90,7 +90,7 @@ fn winograd_layouts(c: &mut Criterion) {
 /// at batch 1. `AI3_CPU_ISA=avx2` measures the AVX2 register tile on a
 /// machine with AVX-512.
 fn blocked_pointwise(c: &mut Criterion) {
-    use ai3_kernels::cpu::blocked::{available, blocked_len, pointwise};
+    use ai3_kernels::cpu::blocked::{available, blocked_len, pointwise, Fused};
     if !available() {
         return;
     }
@@ -114,7 +114,25 @@ fn blocked_pointwise(c: &mut Criterion) {
         group.throughput(Throughput::Elements(2 * s.macs() as u64));
         group.bench_function(
             BenchmarkId::from_parameter(format!("{cin}x{cout}@{size}")),
-            |bch| bch.iter(|| pointwise::conv2d(&s, &x, &packed, &mut out, None).expect("kernel")),
+            |bch| {
+                bch.iter(|| {
+                    pointwise::conv2d(&s, &x, &packed, &mut out, Default::default(), None)
+                        .expect("kernel")
+                })
+            },
+        );
+        // With ReLU6 fused in registers, as MobileNetV2's expansions have it.
+        let relu6 = Fused {
+            residual: None,
+            clamp: Some((0.0, 6.0)),
+        };
+        group.bench_function(
+            BenchmarkId::from_parameter(format!("{cin}x{cout}@{size}+relu6")),
+            |bch| {
+                bch.iter(|| {
+                    pointwise::conv2d(&s, &x, &packed, &mut out, relu6, None).expect("kernel")
+                })
+            },
         );
     }
     group.finish();

@@ -21,9 +21,12 @@ pub const WINOGRAD_LAYOUT_SHAPES: [(usize, usize, usize); 6] = [
 /// 1x1 layers (in channels, out channels, plane side) of the blocked 1x1
 /// benchmark: EfficientNet-B0's 16 -> 96 expansion at 112x112 and 112 ->
 /// 672 at 14x14, MobileNetV2's 144 -> 24 projection at 56x56, ResNet-50's
-/// 256 -> 64 at 56x56 and 1024 -> 256 at 14x14.
-pub const POINTWISE_SHAPES: [(usize, usize, usize); 5] = [
+/// 256 -> 64 at 56x56 and 1024 -> 256 at 14x14, and MobileNetV2's
+/// 24 -> 144 expansion at 56x56 and 32 -> 16 projection at 112x112.
+pub const POINTWISE_SHAPES: [(usize, usize, usize); 7] = [
     (16, 96, 112),
+    (24, 144, 56),
+    (32, 16, 112),
     (112, 672, 14),
     (144, 24, 56),
     (256, 64, 56),

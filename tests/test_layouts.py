@@ -603,3 +603,40 @@ def test_a_channels_last_input_read_by_another_kernel_is_copied():
             assert_close(g, w)
         assert _is_channels_last(got[0]) == (in_place and BLOCKED), got[0].stride()
         assert _is_channels_last(got[1]) == in_place, got[1].stride()
+
+
+@pytest.mark.parametrize(
+    "act", [nn.ReLU(), nn.ReLU6(), nn.Hardtanh(-0.5, 1.5)], ids=["relu", "relu6", "hardtanh"]
+)
+def test_clamps_fuse_into_the_blocked_kernels_and_keep_nan(act):
+    # The 1x1, depthwise and direct kernels clamp in registers before they
+    # store (and add a residual there); a NaN passes through the clamps, as
+    # in PyTorch. 20 channels leave padding lanes in the last block.
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.expand = nn.Conv2d(16, 20, 1)
+            self.dw = nn.Conv2d(20, 20, 3, padding=1, groups=20)
+            self.down = nn.Conv2d(20, 20, 3, stride=2, padding=1)
+            self.project = nn.Conv2d(20, 20, 1)
+            self.act = act
+
+        def forward(self, x):
+            y = self.act(self.dw(self.act(self.expand(x))))
+            z = self.act(self.down(y))
+            return self.act(self.project(z) + z)
+
+    net = _scaled(Net().eval())
+    x = torch.randn(2, 16, 17, 19)
+    model = ai3.convert(net)
+    assert_close(model(x), reference(net, x))
+    if BLOCKED:
+        rows = model.summary(tuple(x.shape))
+        convs = [r for r in rows if r["op"] == "conv2d"]
+        assert len(convs) == 4 and all(r["layout"] == "NCHW8c" for r in convs), rows
+    x[1, 3, 5, 7] = float("nan")
+    got, want = model(x), reference(net, x)
+    assert want.isnan().any() and not want.isnan().all()
+    assert torch.equal(got.isnan(), want.isnan())
+    keep = ~want.isnan()
+    assert_close(got[keep], want[keep])

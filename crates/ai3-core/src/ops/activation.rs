@@ -193,6 +193,22 @@ impl ActivationKind {
         }
     }
 
+    /// The bounds this activation clamps to, when it is a clamp (ReLU,
+    /// ReLU6, Hardtanh with `min <= max`), which the blocked convolution
+    /// kernels apply in registers.
+    pub fn clamp(&self) -> Option<(f32, f32)> {
+        match *self {
+            ActivationKind::Relu => Some((0.0, f32::INFINITY)),
+            ActivationKind::Relu6 => Some((0.0, 6.0)),
+            // Bounds as f32 (`lit`), as the scalar function has them.
+            ActivationKind::Hardtanh { min, max } => {
+                let (lo, hi) = (lit::<f32>(min), lit::<f32>(max));
+                (lo <= hi).then_some((lo, hi))
+            }
+            _ => None,
+        }
+    }
+
     /// [`apply_inplace`](Self::apply_inplace) on the calling thread, for a
     /// kernel's epilogue on a block one of its tasks just wrote.
     pub fn apply_serial<T: Float>(&self, data: &mut [T]) {

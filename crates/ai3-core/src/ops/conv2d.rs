@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use ai3_kernels::alloc::checked_sum;
 use ai3_kernels::cpu::blocked::pointwise::{self, Pointwise};
+use ai3_kernels::cpu::blocked::Fused;
 use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, smm, tiled, winograd, Epilogue};
 use ai3_kernels::cpu::pad::pad2d;
 pub use ai3_kernels::cpu::pad::PadMode;
@@ -633,17 +634,28 @@ impl Operation for Conv2d {
         };
         let epilogue = self.epilogue(r);
         let e = (r.is_some() || self.activation.is_some()).then_some(&epilogue as Epilogue<f32>);
+        // The 1x1, direct and depthwise kernels add the residual and clamp
+        // in registers; another activation runs after, on finished strips.
+        let clamp = self.activation.and_then(|a| a.clamp());
+        let fused = Fused { residual: r, clamp };
+        let rest = self.activation.filter(|_| clamp.is_none());
+        let after = move |_: usize, s: &mut [f32]| {
+            if let Some(a) = rest {
+                a.apply_serial(s)
+            }
+        };
+        let after = rest.is_some().then_some(&after as Epilogue<f32>);
         let (x, out) = (x.as_slice::<f32>()?, output.as_mut_slice::<f32>()?);
         let done = match (self.blocked_kernel(&p), pointwise_shape(&p)) {
             (Some((Algorithm::Direct, _)), _) if depthwise::applies_blocked(&p) => {
-                depthwise::conv2d_blocked(&p, x, w, b, out, e)
+                depthwise::conv2d_blocked(&p, x, w, b, out, fused, after)
             }
             (Some((Algorithm::Direct, _)), _) => {
                 let len = kernel_result(OP, direct::packed_len::<f32>(&p), context)?;
                 let packed = prepared(&self.direct_packed, len, context, |d| {
                     direct::pack(&p, w, b, d)
                 })?;
-                direct::conv2d_blocked(&p, x, packed, out, e)
+                direct::conv2d_blocked(&p, x, packed, out, fused, after)
             }
             (Some((Algorithm::Winograd, _)), _) => {
                 let len = kernel_result(OP, winograd::prepared_len::<f32>(&p), context)?;
@@ -657,7 +669,7 @@ impl Operation for Conv2d {
                 let packed = prepared(&self.pointwise_packed, len, context, |d| {
                     pointwise::pack(&s, w, b, d)
                 })?;
-                pointwise::conv2d(&s, x, packed, out, e)
+                pointwise::conv2d(&s, x, packed, out, fused, after)
             }
             // Planned blocked with an algorithm that has changed since
             // (`'default'` follows the thread count).

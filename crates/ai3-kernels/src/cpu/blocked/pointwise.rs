@@ -17,7 +17,7 @@
 use crate::alloc::{check_len, checked_product, KernelResult};
 use crate::cpu::conv2d::Epilogue;
 
-use super::BLOCK;
+use super::{Fused, BLOCK};
 
 /// Register tiles per task, at most, along the pixels.
 const TASK_TILES: usize = 16;
@@ -95,14 +95,15 @@ pub fn pack<T: crate::Float>(
 }
 
 /// The 1x1 convolution `s` from blocked `input` with weights [`pack`]ed
-/// into `packed`, into blocked `output`, with `epilogue` applied to each
-/// finished strip (offsets in the blocked output). Needs
-/// [`available`](super::available).
+/// into `packed`, into blocked `output`, with `fused` applied in registers
+/// and then `epilogue` to each finished strip (offsets in the blocked
+/// output). Needs [`available`](super::available).
 pub fn conv2d(
     s: &Pointwise,
     input: &[f32],
     packed: &[f32],
     output: &mut [f32],
+    fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
     check_len(
@@ -116,15 +117,16 @@ pub fn conv2d(
         output.len(),
         super::blocked_len(s.batch, s.out_channels, s.plane)?,
     )?;
+    fused.check(output.len())?;
     if !super::available() {
         return Err(crate::KernelError::Precondition {
             what: "the blocked 1x1 convolution needs AVX2 and FMA",
         });
     }
     #[cfg(target_arch = "x86_64")]
-    run(s, input, packed, output, epilogue);
+    run(s, input, packed, output, fused, epilogue);
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = epilogue;
+    let _ = (fused, epilogue);
     Ok(())
 }
 
@@ -134,6 +136,7 @@ fn run(
     input: &[f32],
     packed: &[f32],
     output: &mut [f32],
+    fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
 ) {
     use rayon::prelude::*;
@@ -187,10 +190,12 @@ fn run(
             let mut ob = ob0;
             while ob < ob1 {
                 let nob = obt.min(ob1 - ob);
+                let at = ((n * ocb + ob) * plane + p) * BLOCK;
                 // SAFETY: AVX2 and FMA (checked by the caller); the tile reads
                 // pixels p..p + np of every input block of image n, the
                 // weights and bias of blocks ob..ob + nob, and writes those
-                // pixels of those output blocks, which this task alone owns.
+                // pixels of those output blocks, which this task alone owns
+                // (the residual, checked, has the output's length).
                 unsafe {
                     tile(
                         nob,
@@ -201,8 +206,12 @@ fn run(
                         packed.as_ptr().add(ob * w_stride),
                         w_stride,
                         bias.as_ptr().add(ob * BLOCK),
-                        out.0.add(((n * ocb + ob) * plane + p) * BLOCK),
+                        out.0.add(at),
                         plane * BLOCK,
+                        Fused {
+                            residual: fused.residual.map(|r| &r[at..]),
+                            clamp: fused.clamp,
+                        },
                     )
                 };
                 ob += nob;
@@ -234,7 +243,8 @@ fn run(
 /// block 0, with blocks `x_stride` apart (`icb` of them); `w` at the first
 /// output block's packed weights, blocks `w_stride` apart; `bias` at its
 /// bias; `out` at the tile's first pixel in the first output block, blocks
-/// `out_stride` apart.
+/// `out_stride` apart; `fused`'s residual, if any, at the same place in
+/// its tensor (the rest of which follows).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile(
@@ -248,6 +258,7 @@ pub(crate) unsafe fn tile(
     bias: *const f32,
     out: *mut f32,
     out_stride: usize,
+    fused: Fused<'_>,
 ) {
     let t = super::tile::Tile {
         x,
@@ -264,6 +275,8 @@ pub(crate) unsafe fn tile(
         blocked: true,
         lane: 0,
         valid: [BLOCK; super::tile::OBT_MAX],
+        residual: fused.residual.map_or(std::ptr::null(), |r| r.as_ptr()),
+        clamp: fused.clamp,
     };
     // SAFETY: the caller's contract.
     unsafe { super::tile::run(nob, np, &t) }
@@ -304,23 +317,31 @@ mod tests {
         let mut packed = vec![f32::NAN; s.packed_len().unwrap()];
         let bf: Vec<f32> = cast(&b);
         pack(&s, &cast::<f32>(&w), bias.then_some(&bf[..]), &mut packed).unwrap();
-        let mut ob = vec![f32::NAN; rb.len()];
+        // The residual and ReLU as an epilogue, then fused in registers.
         let e = |at: usize, strip: &mut [f32]| {
             for (o, r) in strip.iter_mut().zip(&rb[at..]) {
                 *o = (*o + r).max(0.0);
             }
         };
-        conv2d(&s, &xb, &packed, &mut ob, Some(&e)).unwrap();
-        // Padding lanes stay zero-based: finite.
-        assert!(ob.iter().all(|v| v.is_finite()), "{s:?}");
-        let mut got = vec![0.0f32; want.len()];
-        from_blocked(s.batch, s.out_channels, s.plane, &ob, &mut got).unwrap();
-        let tol = 1e-4 * (s.in_channels as f64).sqrt();
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
-                "{s:?} at {i}: {g} vs {w}"
-            );
+        let fused = Fused {
+            residual: Some(&rb),
+            clamp: Some((0.0, f32::INFINITY)),
+        };
+        for (fused, epilogue) in [(Fused::default(), Some(&e as Epilogue<f32>)), (fused, None)] {
+            let mut ob = vec![f32::NAN; rb.len()];
+            conv2d(&s, &xb, &packed, &mut ob, fused, epilogue).unwrap();
+            // Padding lanes stay zero-based: finite.
+            assert!(ob.iter().all(|v| v.is_finite()), "{s:?}");
+            let mut got = vec![0.0f32; want.len()];
+            from_blocked(s.batch, s.out_channels, s.plane, &ob, &mut got).unwrap();
+            let tol = 1e-4 * (s.in_channels as f64).sqrt();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+                    "{s:?} fused={} at {i}: {g} vs {w}",
+                    epilogue.is_none()
+                );
+            }
         }
     }
 

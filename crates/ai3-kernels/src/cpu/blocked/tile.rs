@@ -64,6 +64,13 @@ pub(crate) struct Tile<'a> {
     pub lane: usize,
     /// NCHW: channels of each output block of the tile.
     pub valid: [usize; OBT_MAX],
+    /// Blocked output only: the residual added to the sums before they are
+    /// stored, at the same offsets from this pointer as the output from
+    /// `out` (null: none).
+    pub residual: *const f32,
+    /// Blocked output only: the bounds the sums are clamped to, after the
+    /// residual, before they are stored (ReLU, ReLU6; NaN passes through).
+    pub clamp: Option<(f32, f32)>,
 }
 
 /// One register tile of `nob` output blocks by `np` pixels, each at most
@@ -152,9 +159,29 @@ unsafe fn store<const P: usize>(t: &Tile<'_>, o: usize, get: impl Fn(usize) -> _
     unsafe {
         let out = t.out.add(o * t.out_block);
         if t.blocked {
-            // Padding lanes have zero weights and bias: they store zeros.
-            for p in 0..P {
-                _mm256_storeu_ps(out.add(p * CB), get(p));
+            // Padding lanes have zero weights and bias: they store zeros
+            // (plus the residual's padding lanes, zero or finite, clamped).
+            let res = t.residual.wrapping_add(o * t.out_block);
+            match (t.residual.is_null(), t.clamp) {
+                (true, None) => {
+                    for p in 0..P {
+                        _mm256_storeu_ps(out.add(p * CB), get(p));
+                    }
+                }
+                (true, Some((lo, hi))) => {
+                    let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+                    for p in 0..P {
+                        _mm256_storeu_ps(out.add(p * CB), clamp(get(p), lo, hi));
+                    }
+                }
+                (false, c) => {
+                    let (lo, hi) = c.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+                    let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+                    for p in 0..P {
+                        let v = _mm256_add_ps(get(p), _mm256_loadu_ps(res.add(p * CB)));
+                        _mm256_storeu_ps(out.add(p * CB), clamp(v, lo, hi));
+                    }
+                }
             }
             return;
         }
@@ -168,6 +195,14 @@ unsafe fn store<const P: usize>(t: &Tile<'_>, o: usize, get: impl Fn(usize) -> _
             }
         }
     }
+}
+
+/// `v` clamped to `[lo, hi]`, NaN lanes kept: `max` and `min` return their
+/// second operand when either is NaN.
+#[inline(always)]
+unsafe fn clamp(v: __m256, lo: __m256, hi: __m256) -> __m256 {
+    // SAFETY: register-only AVX operations.
+    unsafe { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) }
 }
 
 /// The AVX2 tile for `OB` blocks by `P` pixels, unrolled.

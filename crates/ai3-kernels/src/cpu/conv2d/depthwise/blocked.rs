@@ -26,7 +26,7 @@ use super::super::{threads_for_macs, Epilogue, SharedMut};
 use super::MAC_COST;
 use crate::alloc::{try_zeroed_vec, KernelResult};
 use crate::cpu::blocked::transpose::store_transposed;
-use crate::cpu::blocked::BLOCK as CB;
+use crate::cpu::blocked::{Fused, BLOCK as CB};
 use crate::cpu::scratch::with_scratch;
 use crate::params::Conv2dParams;
 
@@ -110,8 +110,10 @@ impl Geometry {
 
 /// Depthwise convolution of `p` (depthwise, buffers already checked by the
 /// parent's `conv2d`) with input and output laid out as `io` says, with
-/// `epilogue` applied to each block's output (offsets in that layout).
-/// Needs [`available`]; a refused scratch allocation fails the call.
+/// `fused` applied in registers (blocked only) and then `epilogue` to each
+/// block's output (offsets in that layout). Needs [`available`]; a refused
+/// scratch allocation fails the call.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn conv2d(
     p: &Conv2dParams,
     io: Io,
@@ -119,6 +121,7 @@ pub(super) fn conv2d(
     weight: &[f32],
     bias: Option<&[f32]>,
     output: &mut [f32],
+    fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
     assert!(
@@ -129,6 +132,11 @@ pub(super) fn conv2d(
         io != Io::Nhwc || (p.out_channels.is_multiple_of(CB) && epilogue.is_none()),
         "NHWC depthwise convolution takes whole channel blocks and no epilogue"
     );
+    assert!(
+        io == Io::Blocked || (fused.residual.is_none() && fused.clamp.is_none()),
+        "depthwise convolution fuses in registers only into blocked output"
+    );
+    fused.check(output.len())?;
     let plane_out = p.out_h() * p.out_w();
     let blocks = p.out_channels.div_ceil(CB);
     let image_out = match io {
@@ -156,6 +164,13 @@ pub(super) fn conv2d(
     // SAFETY (of every call): `out` is `output` advanced to `region(n, ob)`;
     // the task writes only its block's elements there.
     let task = |scratch: &mut [f32], n: usize, ob: usize, out: *mut f32| {
+        // What the stores fuse: the residual at the block's region, the clamp.
+        let fuse = Fuse {
+            residual: fused
+                .residual
+                .map_or(std::ptr::null(), |r| r[region(n, ob)..].as_ptr()),
+            clamp: fused.clamp,
+        };
         let skip = scratch.as_ptr().align_offset(64).min(ALIGN);
         let (buf, wb) = scratch[skip..].split_at_mut(geo.buf_len);
         let (wb, bb) = wb.split_at_mut(ntaps * CB);
@@ -205,7 +220,7 @@ pub(super) fn conv2d(
                 // SAFETY: AVX2 and FMA (asserted); `src` holds the block's
                 // `in_h * in_w` pixels `stride` apart, `out` its output
                 // pixels as far apart, `wb` and `bb` as below.
-                unsafe { compute_direct(p, src, stride, wb, bb, out) };
+                unsafe { compute_direct(p, src, stride, wb, bb, out, fuse) };
                 if let Some(e) = epilogue {
                     // SAFETY: blocked (NHWC has no epilogue): the block's
                     // planes are `CB * plane_out` elements from `out`.
@@ -220,7 +235,7 @@ pub(super) fn conv2d(
         // SAFETY: AVX2 and FMA (asserted); `buf` is packed, `wb` and `bb`
         // hold a vector per tap and one, `out` `valid` planes (NCHW) or
         // `plane_out` pixels `pixels` apart.
-        unsafe { compute(p, geo, buf, wb, bb, out, valid, pixels) };
+        unsafe { compute(p, geo, buf, wb, bb, out, valid, pixels, fuse) };
         if let Some(e) = epilogue {
             let len = match io {
                 Io::Nchw => valid * plane_out,
@@ -261,6 +276,38 @@ pub(super) fn conv2d(
                 task(scratch, n, ob, unsafe { out.0.add(region(n, ob)) });
             }
         })
+    }
+}
+
+/// What a block's stores fuse, in registers: the residual and a clamp
+/// ([`Fused`], for one block).
+#[derive(Clone, Copy)]
+struct Fuse {
+    /// The block's residual, at the same offsets as its output (null: none).
+    residual: *const f32,
+    /// The bounds, `lo <= hi`.
+    clamp: Option<(f32, f32)>,
+}
+
+impl Fuse {
+    /// Stores `v` plus the residual, clamped, at `out + at`.
+    ///
+    /// # Safety
+    /// AVX2; `out + at` valid for writes of `CB` elements, the residual (if
+    /// any) for reads of as many at `at`.
+    #[inline(always)]
+    unsafe fn store(self, out: *mut f32, at: usize, mut v: __m256) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if !self.residual.is_null() {
+                v = _mm256_add_ps(v, _mm256_loadu_ps(self.residual.add(at)));
+            }
+            if let Some((lo, hi)) = self.clamp {
+                // NaN passes through: max and min return their second operand.
+                v = _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), v));
+            }
+            _mm256_storeu_ps(out.add(at), v);
+        }
     }
 }
 
@@ -356,12 +403,13 @@ pub(in crate::cpu::conv2d) fn pack_pixels(
 /// top-left input pixel of the window of flat output pixel `q`: [`R`]
 /// pixels in registers at a time, written through an 8x8 transpose to
 /// `valid` planes (`pixels` `None`: NCHW) or as they are, all `CB` lanes of
-/// pixel `q` at `out + q * pixels` (blocked, NHWC).
+/// pixel `q` at `out + q * pixels` (blocked, NHWC), through `fuse`.
 ///
 /// # Safety
 /// AVX2 and FMA; `buf` packed for `p` (`geo.buf_len` elements), `wb`
 /// `taps * CB`, `bb` `CB`; `out` valid for writes of `valid * out_h * out_w`
-/// elements (NCHW) or of `CB` at each pixel's place; `1 <= valid <= CB`.
+/// elements (NCHW) or of `CB` at each pixel's place, `fuse` as [`Fuse`]
+/// says (nothing fused into NCHW); `1 <= valid <= CB`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn compute(
@@ -373,6 +421,7 @@ unsafe fn compute(
     out: *mut f32,
     valid: usize,
     pixels: Option<usize>,
+    fuse: Fuse,
 ) {
     let (ow, plane_out) = (p.out_w(), p.out_h() * p.out_w());
     let (sh, sw) = p.stride;
@@ -411,7 +460,7 @@ unsafe fn compute(
             }
             if let Some(stride) = pixels {
                 for (r, a) in acc.iter().take(n).enumerate() {
-                    _mm256_storeu_ps(op.add((q0 + r) * stride), *a);
+                    fuse.store(op, (q0 + r) * stride, *a);
                 }
             } else if n == R && valid == CB {
                 store_transposed(acc, std::array::from_fn(|l| op.add(l * plane_out + q0)));
@@ -434,12 +483,13 @@ unsafe fn compute(
 /// as far apart from `out`. Each output row's interior (every tap's
 /// column inside the input) runs [`R`] pixels in registers at a time, the
 /// last group shifted back to end at the interior's end (it recomputes a
-/// few pixels, identically); border pixels run one at a time.
+/// few pixels, identically); border pixels run one at a time. Stores go
+/// through `fuse`.
 ///
 /// # Safety
 /// AVX2 and FMA; `src` holds those pixels, `wb` `taps * CB`, `bb` `CB`,
 /// `out` is valid for writes of `CB` elements at each of the `out_h *
-/// out_w` pixels' places.
+/// out_w` pixels' places, `fuse` as [`Fuse`] says.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn compute_direct(
     p: &Conv2dParams,
@@ -448,6 +498,7 @@ unsafe fn compute_direct(
     wb: &[f32],
     bb: &[f32],
     out: *mut f32,
+    fuse: Fuse,
 ) {
     let (oh, ow) = (p.out_h(), p.out_w());
     let (sh, sw) = p.stride;
@@ -497,13 +548,13 @@ unsafe fn compute_direct(
                 ((in_h - y0) as usize).div_ceil(dh)
             };
             let kys = ky0.min(kh)..ky1.min(kh);
-            let orow = op.add(y * ow * ps);
+            let orow = y * ow * ps;
             for x in (0..x_lo).chain(x_hi..ow) {
-                _mm256_storeu_ps(orow.add(x * ps), pixel(x, y, kys.clone()));
+                fuse.store(op, orow + x * ps, pixel(x, y, kys.clone()));
             }
             if x_hi - x_lo < R {
                 for x in x_lo..x_hi {
-                    _mm256_storeu_ps(orow.add(x * ps), pixel(x, y, kys.clone()));
+                    fuse.store(op, orow + x * ps, pixel(x, y, kys.clone()));
                 }
                 continue;
             }
@@ -522,7 +573,7 @@ unsafe fn compute_direct(
                     }
                 }
                 for (r, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(orow.add((x0 + r) * ps), *a);
+                    fuse.store(op, orow + (x0 + r) * ps, *a);
                 }
                 if x0 + R == x_hi {
                     break;

@@ -127,7 +127,7 @@ pub fn conv2d<T: Float>(
     if blocked_applies() {
         let blocked =
             |x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32], e: Option<Epilogue<f32>>| {
-                blocked::conv2d(p, blocked::Io::Nchw, x, w, b, out, e)
+                blocked::conv2d(p, blocked::Io::Nchw, x, w, b, out, Default::default(), e)
             };
         if let Some(done) = super::with_f32(input, weight, bias, output, epilogue, blocked) {
             return done;
@@ -207,14 +207,16 @@ pub fn applies_blocked(p: &Conv2dParams) -> bool {
 
 /// Depthwise convolution in the channel-blocked layout
 /// ([`crate::cpu::blocked`]): `input` and `output` are the blocked forms of
-/// the NCHW tensors, `weight` and `bias` as for [`conv2d`]; `epilogue` gets
-/// offsets in the blocked output. `p` must satisfy [`applies_blocked`].
+/// the NCHW tensors, `weight` and `bias` as for [`conv2d`]; `fused` applies
+/// in registers, then `epilogue` (offsets in the blocked output). `p` must
+/// satisfy [`applies_blocked`].
 pub fn conv2d_blocked(
     p: &Conv2dParams,
     input: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
     output: &mut [f32],
+    fused: crate::cpu::blocked::Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
     use crate::cpu::blocked::blocked_len;
@@ -245,11 +247,12 @@ pub fn conv2d_blocked(
         weight,
         bias,
         output,
+        fused,
         epilogue,
     );
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = epilogue;
+        let _ = (fused, epilogue);
         Ok(())
     }
 }
@@ -282,7 +285,16 @@ pub fn conv2d_nhwc(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    return blocked::conv2d(p, blocked::Io::Nhwc, input, weight, bias, output, None);
+    return blocked::conv2d(
+        p,
+        blocked::Io::Nhwc,
+        input,
+        weight,
+        bias,
+        output,
+        Default::default(),
+        None,
+    );
     #[cfg(not(target_arch = "x86_64"))]
     Ok(())
 }
@@ -528,25 +540,39 @@ mod tests {
         to_blocked(p.batch, p.in_channels, plane_in, &x, &mut xb).unwrap();
         let mut rb = vec![0.0; blocked_len(p.batch, p.out_channels, plane_out).unwrap()];
         to_blocked(p.batch, p.out_channels, plane_out, &r, &mut rb).unwrap();
-        let mut ob = vec![f32::NAN; rb.len()];
         let e = |at: usize, s: &mut [f32]| {
             for (v, r) in s.iter_mut().zip(&rb[at..]) {
                 *v = (*v + r).max(0.0);
             }
         };
-        conv2d_blocked(p, &xb, &w, Some(&b), &mut ob, Some(&e)).unwrap();
-        let cb = p.out_channels.div_ceil(8);
-        for (i, v) in ob.iter().enumerate() {
-            let lane = (i % 8) + ((i / (8 * plane_out)) % cb) * 8;
-            assert!(
-                lane < p.out_channels || *v == 0.0,
-                "{p:?}: padding lane {lane} holds {v}"
-            );
-        }
-        let mut got = vec![0.0; p.output_len()];
-        from_blocked(p.batch, p.out_channels, plane_out, &ob, &mut got).unwrap();
-        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-            assert!((g - e).abs() <= 1e-5, "{p:?} at {i}: {g} vs {e}");
+        // The residual and ReLU as an epilogue, then fused in registers.
+        let fused = crate::cpu::blocked::Fused {
+            residual: Some(&rb),
+            clamp: Some((0.0, f32::INFINITY)),
+        };
+        for (fused, epilogue) in [
+            (Default::default(), Some(&e as Epilogue<f32>)),
+            (fused, None),
+        ] {
+            let mut ob = vec![f32::NAN; rb.len()];
+            conv2d_blocked(p, &xb, &w, Some(&b), &mut ob, fused, epilogue).unwrap();
+            let cb = p.out_channels.div_ceil(8);
+            for (i, v) in ob.iter().enumerate() {
+                let lane = (i % 8) + ((i / (8 * plane_out)) % cb) * 8;
+                assert!(
+                    lane < p.out_channels || *v == 0.0,
+                    "{p:?}: padding lane {lane} holds {v}"
+                );
+            }
+            let mut got = vec![0.0; p.output_len()];
+            from_blocked(p.batch, p.out_channels, plane_out, &ob, &mut got).unwrap();
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                let fused = epilogue.is_none();
+                assert!(
+                    (g - e).abs() <= 1e-5,
+                    "{p:?} fused={fused} at {i}: {g} vs {e}"
+                );
+            }
         }
     }
 

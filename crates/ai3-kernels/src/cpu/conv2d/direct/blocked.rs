@@ -28,7 +28,7 @@ use rayon::prelude::*;
 use super::super::{threads_for_macs, Epilogue, SharedMut};
 use crate::alloc::{check_len, checked_product, KernelResult};
 use crate::cpu::blocked::tile::{self, Tile, OBT_MAX};
-use crate::cpu::blocked::{check_conv_buffers, BLOCK as CB};
+use crate::cpu::blocked::{check_conv_buffers, Fused, BLOCK as CB};
 use crate::cpu::conv2d::depthwise;
 use crate::cpu::scratch::with_scratch_named;
 use crate::params::Conv2dParams;
@@ -102,25 +102,27 @@ pub fn pack(
 
 /// The convolution `p` (one group) of `input` with weights [`pack`]ed into
 /// `packed`, into `output`: both NCHW, or both in the channel-blocked
-/// layout when `blocked` (then `epilogue`, if any, runs on each finished
-/// row of a block, with offsets in the blocked output; NCHW output takes
-/// none). Fails, before writing anything, when a buffer has the wrong
-/// length or `p` is not [`applies`]; a refused scratch allocation fails
-/// the call.
+/// layout when `blocked` (then `fused` applies in registers and
+/// `epilogue`, if any, runs on each finished row of a block, with offsets
+/// in the blocked output; NCHW output takes neither). Fails, before
+/// writing anything, when a buffer has the wrong length or `p` is not
+/// [`applies`]; a refused scratch allocation fails the call.
 pub fn conv2d(
     p: &Conv2dParams,
     blocked: bool,
     input: &[f32],
     packed: &[f32],
     output: &mut [f32],
+    fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
     check_conv_buffers(p, blocked, input.len(), output.len())?;
-    if !blocked && epilogue.is_some() {
+    if !blocked && (epilogue.is_some() || fused.residual.is_some() || fused.clamp.is_some()) {
         return Err(crate::KernelError::Precondition {
             what: "the blocked direct convolution fuses an epilogue only into blocked output",
         });
     }
+    fused.check(output.len())?;
     check_len(
         "packed blocked direct weights",
         packed.len(),
@@ -189,6 +191,7 @@ pub fn conv2d(
                 (p.out_channels * plane_out, CB * plane_out, 1, plane_out)
             };
             let out = SharedMut(output[n * image_out..].as_mut_ptr());
+            let residual = fused.residual.map(|r| &r[n * image_out..]);
             let task = |t: usize| {
                 let out = &out;
                 let (group, y) = (t / oh, t % oh);
@@ -203,11 +206,13 @@ pub fn conv2d(
                 while x < ow {
                     let np = (ow - x).div_ceil(tiles);
                     tiles -= 1;
+                    let at = ob * out_block + (y * ow + x) * px;
                     // SAFETY: AVX2 and FMA; the tile reads pixels x..x + np
                     // of row y's windows inside the padded buffer, the
                     // weights and bias of blocks ob..ob + nob, and writes
                     // those pixels of those channels' planes, which this
-                    // task alone owns.
+                    // task alone owns (the residual, checked, has the
+                    // output's length).
                     unsafe {
                         tile::run(
                             nob,
@@ -222,11 +227,13 @@ pub fn conv2d(
                                 w: packed.as_ptr().add(ob * w_stride),
                                 w_stride,
                                 bias: bias.as_ptr().add(ob * CB),
-                                out: out.0.add(ob * out_block + (y * ow + x) * px),
+                                out: out.0.add(at),
                                 out_block,
                                 blocked,
                                 lane,
                                 valid,
+                                residual: residual.map_or(std::ptr::null(), |r| r[at..].as_ptr()),
+                                clamp: fused.clamp,
                             },
                         )
                     };
@@ -269,30 +276,71 @@ mod tests {
             let b32 = bias.map(cast::<f32>);
             pack(p, &cast::<f32>(&w), b32.as_deref(), &mut packed).unwrap();
             let mut out = vec![f32::NAN; p.output_len()];
-            conv2d(p, false, &cast::<f32>(&x), &packed, &mut out, None).unwrap();
+            conv2d(
+                p,
+                false,
+                &cast::<f32>(&x),
+                &packed,
+                &mut out,
+                Default::default(),
+                None,
+            )
+            .unwrap();
             assert_close(&out, &want, 1e-5, &format!("{p:?} bias={}", bias.is_some()));
-            // Blocked in and out, with a fused ReLU: the same values, and
-            // zeros in the output's padding lanes.
+            // Blocked in and out, with a ReLU as an epilogue: the same
+            // values, and zeros in the output's padding lanes; then with a
+            // residual and a clamp fused in registers.
             let plane_out = p.out_h() * p.out_w();
             let (in_plane, ocb) = (p.in_h * p.in_w, p.out_channels.div_ceil(CB));
             let mut xb = vec![0f32; blocked_len(p.batch, p.in_channels, in_plane).unwrap()];
             to_blocked(p.batch, p.in_channels, in_plane, &cast::<f32>(&x), &mut xb).unwrap();
-            let mut ob = vec![f32::NAN; blocked_len(p.batch, p.out_channels, plane_out).unwrap()];
+            let blocked_out = blocked_len(p.batch, p.out_channels, plane_out).unwrap();
+            let r = rng.vec(p.output_len());
+            let mut rb = vec![0f32; blocked_out];
+            to_blocked(
+                p.batch,
+                p.out_channels,
+                plane_out,
+                &cast::<f32>(&r),
+                &mut rb,
+            )
+            .unwrap();
             let relu = |_: usize, s: &mut [f32]| s.iter_mut().for_each(|v| *v = v.max(0.0));
-            conv2d(p, true, &xb, &packed, &mut ob, Some(&relu)).unwrap();
-            for (i, v) in ob.iter().enumerate() {
-                let ch = (i / (plane_out * CB)) % ocb * CB + i % CB;
-                assert!(ch < p.out_channels || *v == 0.0, "padding lane {ch}: {v}");
+            let fused = Fused {
+                residual: Some(&rb),
+                clamp: Some((-0.5, 0.75)),
+            };
+            for (fused, epilogue, f) in [
+                (Fused::default(), Some(&relu as Epilogue<f32>), None),
+                (fused, None, Some(&r)),
+            ] {
+                let mut ob = vec![f32::NAN; blocked_out];
+                conv2d(p, true, &xb, &packed, &mut ob, fused, epilogue).unwrap();
+                for (i, v) in ob.iter().enumerate() {
+                    let ch = (i / (plane_out * CB)) % ocb * CB + i % CB;
+                    assert!(ch < p.out_channels || *v == 0.0, "padding lane {ch}: {v}");
+                }
+                let mut got = vec![f32::NAN; p.output_len()];
+                from_blocked(p.batch, p.out_channels, plane_out, &ob, &mut got).unwrap();
+                let want: Vec<f64> = match f {
+                    None => want.iter().map(|v| v.max(0.0)).collect(),
+                    Some(r) => want
+                        .iter()
+                        .zip(r)
+                        .map(|(v, r)| (v + r).clamp(-0.5, 0.75))
+                        .collect(),
+                };
+                assert_close(
+                    &got,
+                    &want,
+                    1e-5,
+                    &format!(
+                        "blocked {p:?} bias={} fused={}",
+                        bias.is_some(),
+                        f.is_some()
+                    ),
+                );
             }
-            let mut got = vec![f32::NAN; p.output_len()];
-            from_blocked(p.batch, p.out_channels, plane_out, &ob, &mut got).unwrap();
-            let want: Vec<f64> = want.iter().map(|v| v.max(0.0)).collect();
-            assert_close(
-                &got,
-                &want,
-                1e-5,
-                &format!("blocked {p:?} bias={}", bias.is_some()),
-            );
         }
     }
 
@@ -345,12 +393,35 @@ mod tests {
         assert!(!applies(&p));
         let packed = vec![0f32; packed_len(&p).unwrap()];
         let (x, mut out) = (vec![0f32; p.input_len()], vec![0f32; p.output_len()]);
-        assert!(conv2d(&p, false, &x, &packed, &mut out, None).is_err());
+        let none = Fused::default();
+        assert!(conv2d(&p, false, &x, &packed, &mut out, none, None).is_err());
         let p = Conv2dParams { groups: 1, ..p };
-        assert!(conv2d(&p, false, &x[1..], &packed, &mut out, None).is_err());
-        assert!(conv2d(&p, false, &x, &packed[1..], &mut out, None).is_err());
-        assert!(conv2d(&p, true, &x, &packed, &mut out, None).is_err());
+        assert!(conv2d(&p, false, &x[1..], &packed, &mut out, none, None).is_err());
+        assert!(conv2d(&p, false, &x, &packed[1..], &mut out, none, None).is_err());
+        assert!(conv2d(&p, true, &x, &packed, &mut out, none, None).is_err());
         let e = |_: usize, _: &mut [f32]| ();
-        assert!(conv2d(&p, false, &x, &packed, &mut out, Some(&e)).is_err());
+        assert!(conv2d(&p, false, &x, &packed, &mut out, none, Some(&e)).is_err());
+        // Fusion into NCHW output, a short residual, reversed bounds.
+        let clamp = Fused {
+            residual: None,
+            clamp: Some((0.0, 6.0)),
+        };
+        assert!(conv2d(&p, false, &x, &packed, &mut out, clamp, None).is_err());
+        let plane = p.in_h * p.in_w;
+        let xb = vec![0f32; blocked_len(p.batch, p.in_channels, plane).unwrap()];
+        let n_out = blocked_len(p.batch, p.out_channels, p.out_h() * p.out_w()).unwrap();
+        let mut ob = vec![0f32; n_out];
+        assert!(conv2d(&p, true, &xb, &packed, &mut ob, none, None).is_ok());
+        let short = vec![0f32; n_out - 1];
+        let bad = Fused {
+            residual: Some(&short),
+            clamp: None,
+        };
+        assert!(conv2d(&p, true, &xb, &packed, &mut ob, bad, None).is_err());
+        let bad = Fused {
+            residual: None,
+            clamp: Some((1.0, 0.0)),
+        };
+        assert!(conv2d(&p, true, &xb, &packed, &mut ob, bad, None).is_err());
     }
 }

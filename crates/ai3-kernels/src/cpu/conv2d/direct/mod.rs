@@ -103,21 +103,22 @@ pub fn runs_blocked<T: Float>(p: &Conv2dParams) -> bool {
 
 /// Direct convolution in the channel-blocked layout
 /// ([`crate::cpu::blocked`]): `input` and `output` are the blocked forms of
-/// the NCHW tensors, `packed` as [`pack`] leaves it for f32; `epilogue` gets
-/// offsets in the blocked output. `p` must satisfy [`runs_blocked`] for
-/// f32.
+/// the NCHW tensors, `packed` as [`pack`] leaves it for f32; `fused`
+/// applies in registers, then `epilogue` (offsets in the blocked output).
+/// `p` must satisfy [`runs_blocked`] for f32.
 pub fn conv2d_blocked(
     p: &Conv2dParams,
     input: &[f32],
     packed: &[f32],
     output: &mut [f32],
+    fused: crate::cpu::blocked::Fused<'_>,
     epilogue: Option<super::Epilogue<f32>>,
 ) -> KernelResult<()> {
     #[cfg(target_arch = "x86_64")]
-    return blocked::conv2d(p, true, input, packed, output, epilogue);
+    return blocked::conv2d(p, true, input, packed, output, fused, epilogue);
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (p, input, packed, output, epilogue);
+        let _ = (p, input, packed, output, fused, epilogue);
         Err(crate::KernelError::Precondition {
             what: "the blocked direct convolution needs x86-64 with AVX2 and FMA",
         })
@@ -248,7 +249,7 @@ fn run_packed<T: Float>(
     if on_blocks::<T>(p, portable) {
         use crate::float::{as_f32, as_f32_mut};
         if let (Some(x), Some(w), Some(out)) = (as_f32(input), as_f32(packed), as_f32_mut(output)) {
-            return blocked::conv2d(p, false, x, w, out, None);
+            return blocked::conv2d(p, false, x, w, out, Default::default(), None);
         }
     }
     p.check_buffers(input.len(), None, output.len())?;

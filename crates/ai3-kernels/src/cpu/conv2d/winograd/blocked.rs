@@ -289,6 +289,7 @@ unsafe fn block(
                         ZEROS.as_ptr(),
                         m.0.add(xi * m_stride + (ob * nt + t) * CB),
                         nt * CB,
+                        Default::default(),
                     )
                 };
                 t += np;
