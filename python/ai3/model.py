@@ -345,9 +345,14 @@ class Model:
     def memory_plan(self, input_shape: Sequence[int] | None = None) -> dict[str, int]:
         """What the memory planner decided for this input shape: ``arena_bytes``
         (one arena holds every intermediate value), ``intermediate_bytes`` (what
-        they would take if none shared memory) and ``arenas_allocated`` (arenas
+        they would take if none shared memory), ``arenas_allocated`` (arenas
         created so far over all calls: one per thread running concurrently, and
-        a new one only when the input shape grows)."""
+        a new one only when the input shape grows), ``workspace_bytes`` (the
+        most scratch memory one layer needs), and ``chunked_steps`` and
+        ``chunk_images``: a batch of large images runs its first steps (layers
+        and layout reorders, ``chunked_steps`` of them) ``chunk_images`` images
+        at a time, so that each layer's output is still in cache when the next
+        reads it (``chunked_steps`` is 0 when the whole batch runs together)."""
         return self._core.memory_plan(self._shapes("memory_plan", input_shape))
 
     def plan(self) -> Plan:

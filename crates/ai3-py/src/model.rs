@@ -106,7 +106,8 @@ impl Model {
     }
 
     /// What the memory planner decided for these input shapes: `arena_bytes`,
-    /// `intermediate_bytes` (if nothing shared memory) and `arenas_allocated`.
+    /// `intermediate_bytes` (if nothing shared memory), `arenas_allocated`,
+    /// `workspace_bytes`, `chunked_steps` and `chunk_images`.
     fn memory_plan<'py>(
         &self,
         py: Python<'py>,
@@ -119,6 +120,8 @@ impl Model {
         d.set_item("intermediate_bytes", plan.intermediate_bytes)?;
         d.set_item("arenas_allocated", plan.arenas_allocated)?;
         d.set_item("workspace_bytes", plan.workspace_bytes)?;
+        d.set_item("chunked_steps", plan.chunked_steps)?;
+        d.set_item("chunk_images", plan.chunk_images)?;
         Ok(d)
     }
 

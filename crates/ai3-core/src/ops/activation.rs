@@ -263,6 +263,9 @@ impl Activation {
 }
 
 impl Operation for Activation {
+    fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+        true
+    }
     fn kind(&self) -> OpKind {
         self.kind.op_kind()
     }

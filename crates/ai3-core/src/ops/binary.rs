@@ -176,6 +176,11 @@ fn per_channel_operand(a: &[usize], b: &[usize], out: &[usize]) -> Option<bool> 
 }
 
 impl Operation for Binary {
+    // Operands of the output's rank and batch (the executor checks) are
+    // broadcast within an image only.
+    fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+        true
+    }
     fn kind(&self) -> OpKind {
         self.kind.op_kind()
     }

@@ -576,6 +576,10 @@ impl Operation for Conv2d {
         OP
     }
 
+    fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+        true
+    }
+
     fn fused_activation(&self) -> Option<OpKind> {
         self.activation.map(|a| a.op_kind())
     }

@@ -99,6 +99,13 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn in_place_parts(&self, _inputs: &[&[usize]]) -> Option<Vec<usize>> {
         None
     }
+    /// Whether image `i` of the output depends on image `i` of each input
+    /// alone, for inputs of these shapes (4-D, one batch, which the
+    /// executor checks): the executor may then run the node on a few images
+    /// at a time (see the graph's chunked runs). By default not.
+    fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+        false
+    }
     /// Computes `output` from `inputs`.
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()>;
     /// Whether this node can read its one input channels last (see

@@ -135,6 +135,9 @@ impl BatchNorm2d {
 }
 
 impl Operation for BatchNorm2d {
+    fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+        true
+    }
     fn kind(&self) -> OpKind {
         OpKind::BatchNorm2d
     }

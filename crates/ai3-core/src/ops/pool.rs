@@ -185,6 +185,9 @@ impl MaxPool2d {
 }
 
 impl Operation for MaxPool2d {
+    fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+        true
+    }
     fn kind(&self) -> OpKind {
         OpKind::MaxPool2d
     }
@@ -269,6 +272,9 @@ impl AvgPool2d {
 }
 
 impl Operation for AvgPool2d {
+    fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+        true
+    }
     fn kind(&self) -> OpKind {
         OpKind::AvgPool2d
     }
@@ -386,6 +392,9 @@ macro_rules! adaptive_pool {
         }
 
         impl Operation for $name {
+            fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+                true
+            }
             fn kind(&self) -> OpKind {
                 $op
             }

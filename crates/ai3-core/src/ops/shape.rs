@@ -83,6 +83,10 @@ impl Operation for Concat {
     fn kind(&self) -> OpKind {
         OpKind::Cat
     }
+    fn per_image(&self, inputs: &[&[usize]]) -> bool {
+        // Along channels or further, with no skipped `[0]` input.
+        inputs.iter().all(|s| *s != [0]) && self.axis(inputs).is_ok_and(|a| a >= 1)
+    }
     fn algorithm_for(&self, _: &[usize]) -> Result<String> {
         Ok(Algorithm::Direct.name().into())
     }

@@ -69,9 +69,11 @@ impl Fused<'_> {
             check_len("blocked conv2d residual", r.len(), output)?;
         }
         match self.clamp {
-            Some((lo, hi)) if lo.is_nan() || hi.is_nan() || lo > hi => Err(crate::KernelError::Precondition {
-                what: "a fused clamp needs its lower bound at most its upper bound",
-            }),
+            Some((lo, hi)) if lo.is_nan() || hi.is_nan() || lo > hi => {
+                Err(crate::KernelError::Precondition {
+                    what: "a fused clamp needs its lower bound at most its upper bound",
+                })
+            }
             _ => Ok(()),
         }
     }
