@@ -200,7 +200,7 @@ unsafe fn store<const P: usize>(t: &Tile<'_>, o: usize, get: impl Fn(usize) -> _
 /// `v` clamped to `[lo, hi]`, NaN lanes kept: `max` and `min` return their
 /// second operand when either is NaN.
 #[inline(always)]
-unsafe fn clamp(v: __m256, lo: __m256, hi: __m256) -> __m256 {
+pub(crate) unsafe fn clamp(v: __m256, lo: __m256, hi: __m256) -> __m256 {
     // SAFETY: register-only AVX operations.
     unsafe { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) }
 }

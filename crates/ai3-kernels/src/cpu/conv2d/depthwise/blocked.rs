@@ -303,8 +303,7 @@ impl Fuse {
                 v = _mm256_add_ps(v, _mm256_loadu_ps(self.residual.add(at)));
             }
             if let Some((lo, hi)) = self.clamp {
-                // NaN passes through: max and min return their second operand.
-                v = _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), v));
+                v = crate::cpu::blocked::tile::clamp(v, _mm256_set1_ps(lo), _mm256_set1_ps(hi));
             }
             _mm256_storeu_ps(out.add(at), v);
         }
