@@ -87,6 +87,25 @@ macro_rules! by_rows {
     };
 }
 
+/// Steps of the reduction ahead of the one a tile computes at which it
+/// prefetches `b`: 2 KiB ahead for a row of 32 values. This machine's
+/// hardware prefetcher alone streams a classifier's weight (hundreds of MB,
+/// read once) at a third of the rate it reaches with these hints.
+const PREFETCH_STEPS: usize = 16;
+
+/// Hints the cache to fetch `lines` cache lines of `b`'s row
+/// [`PREFETCH_STEPS`] rows (stride `ldb`) ahead of `b`. Only a hint: the
+/// address may lie past the buffer, where it is never dereferenced.
+#[inline(always)]
+fn prefetch_ahead(b: *const f32, ldb: usize, lines: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = b.wrapping_add(PREFETCH_STEPS * ldb) as *const i8;
+    for l in 0..lines {
+        // SAFETY: a prefetch does not fault, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l)) };
+    }
+}
+
 /// The AVX-512 tile: 12 rows of 32 columns.
 pub(crate) mod avx512 {
     use super::{Init, Tile};
@@ -140,6 +159,7 @@ pub(crate) mod avx512 {
         for k in 0..t.kc {
             unsafe {
                 let b = t.b.add(k * t.ldb);
+                super::prefetch_ahead(b, t.ldb, 2);
                 let b0 = _mm512_maskz_loadu_ps(m0, b);
                 let b1 = _mm512_maskz_loadu_ps(m1, b.add(16));
                 for i in 0..M {
@@ -276,6 +296,7 @@ pub(crate) mod avx2 {
             while k < whole {
                 for u in 0..U {
                     let b = t.b.add((k + u) * t.ldb);
+                    super::prefetch_ahead(b, t.ldb, 1);
                     let (b0, b1) = (load::<FULL>(b, m0), load::<FULL>(b.add(8), m1));
                     for i in 0..M {
                         let a = _mm256_broadcast_ss(&*t.a.add(i * t.lda + k + u));
@@ -380,6 +401,7 @@ pub(crate) mod avx2 {
             let rows: [*const f32; M] = std::array::from_fn(|i| t.a.add(i * t.lda));
             for k in 0..t.kc {
                 let b = t.b.add(k * t.ldb);
+                super::prefetch_ahead(b, t.ldb, 1);
                 let b0 = load::<FULL>(b, m0);
                 let b1 = load::<FULL>(b.add(8), m1);
                 for i in 0..M {
