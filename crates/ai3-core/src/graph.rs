@@ -1123,7 +1123,7 @@ impl Graph {
                 let node = &self.nodes[i];
                 // Elementwise operations run their usual kernel over the
                 // blocked buffers.
-                let done = if let Blocked::Kernel { .. } = route.blocked[i] {
+                let done = if route.blocked[i].has_kernel() {
                     node.op.forward_blocked(reads, shapes, out)
                 } else {
                     node.op.forward(reads, out)

@@ -19,7 +19,14 @@
 //! pooling, with one reorder at each end, and DenseNet's dense blocks from
 //! one transition to the next, and ResNet's and GoogLeNet's from the layer
 //! after the stem's pooling on (their 3x3 layers on Winograd's blocked
-//! kernel).
+//! kernel). A kernel may read its input in either layout
+//! ([`Blocked::EitherInput`]: direct's blocked kernel for fewer than 8
+//! input channels), taking a blocked producer's output as it is and an
+//! NCHW value where it lies: an RGB input layer on it starts the run with
+//! no reorder of the image (with AVX-512, where `'default'` runs such
+//! layers on it, the benchmark's CNNs but ConvNeXt, whose patches are
+//! permuted next, run blocked from their first layer to their pooling,
+//! with one reorder, out).
 //!
 //! A plan is kept per input shape, but `'default'` follows the thread
 //! count: a node planned blocked whose algorithm has no blocked kernel any
@@ -84,6 +91,30 @@ pub enum Blocked {
         /// Elements saved against the NCHW kernel (0 when none).
         gain: usize,
     },
+    /// With its own kernel ([`Operation::forward_blocked`]), which reads its
+    /// one input in either layout and writes a blocked output: blocked from
+    /// a blocked producer, else NCHW where it lies (a convolution of a few
+    /// input channels, such as an RGB input layer, then starts a run with
+    /// no reorder in).
+    EitherInput {
+        /// Elements saved against the NCHW kernel.
+        gain: usize,
+    },
+}
+
+impl Blocked {
+    /// Whether the node runs its blocked kernel
+    /// ([`Operation::forward_blocked`]).
+    pub fn has_kernel(self) -> bool {
+        matches!(self, Blocked::Kernel { .. } | Blocked::EitherInput { .. })
+    }
+}
+
+/// Whether `t`, a value of logical shape `logical` handed to a blocked
+/// kernel, is NCHW (a [`Blocked::EitherInput`] node's input from an NCHW
+/// producer): a blocked buffer of a 4-D value has 5 axes.
+pub(crate) fn is_nchw(t: &Tensor, logical: &[usize]) -> bool {
+    t.shape() == logical
 }
 
 /// The physical shape of a blocked value of logical shape `[n, c, h, w]`.
@@ -96,7 +127,8 @@ pub fn blocked_shape(shape: &[usize]) -> Vec<usize> {
 
 /// Runs `op`'s NCHW kernel for blocked `inputs` (tensors of the physical
 /// shapes, `shapes` the logical ones) into the blocked `output` of logical
-/// shape `out_shape`: each input reordered to NCHW, the output back. For a
+/// shape `out_shape`: each blocked input reordered to NCHW, the output
+/// back. For a
 /// node planned blocked whose blocked kernel no longer applies (its
 /// `'default'` algorithm depends on the thread count, which may change
 /// after the plan was made), so the run stays right, at the reorders' cost.
@@ -123,13 +155,22 @@ pub(crate) fn via_nchw(
         };
         crate::ops::kernel_result(op.kind(), done, || "a reorder".into())
     };
+    // A [`Blocked::EitherInput`] node's input may be NCHW already.
     let mut nchw = Vec::with_capacity(inputs.len());
     for (t, s) in inputs.iter().zip(shapes) {
+        if is_nchw(t, s) {
+            nchw.push(None);
+            continue;
+        }
         let mut d = Tensor::zeros(DType::F32, s)?;
         reordered(t, s, true, &mut d)?;
-        nchw.push(d);
+        nchw.push(Some(d));
     }
-    let refs: Vec<&Tensor> = nchw.iter().collect();
+    let refs: Vec<&Tensor> = nchw
+        .iter()
+        .zip(inputs)
+        .map(|(d, t)| d.as_ref().unwrap_or(t))
+        .collect();
     let mut out = Tensor::zeros(DType::F32, out_shape)?;
     op.forward(&refs, &mut out)?;
     reordered(&out, out_shape, false, output)
@@ -224,8 +265,14 @@ pub(crate) fn plan(
     let mut entering: Vec<(usize, usize)> = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         let Some(r) = region[i] else { continue };
-        if let Blocked::Kernel { gain: g } = support[i] {
-            gain[r] = gain[r].saturating_add(g);
+        match support[i] {
+            Blocked::Kernel { gain: g } => gain[r] = gain[r].saturating_add(g),
+            // Reads what enters as it is.
+            Blocked::EitherInput { gain: g } => {
+                gain[r] = gain[r].saturating_add(g);
+                continue;
+            }
+            _ => {}
         }
         for &v in node.inputs {
             let inside = produced_by[v].is_some_and(|p| region[p] == Some(r));
@@ -333,6 +380,8 @@ pub(crate) fn route(
             layout[node.output] = Layout::Blocked;
         }
     }
+    // Each value's layout as written (copies are appended after).
+    let written = layout.clone();
     let mut copies: Vec<((usize, Layout), usize)> = Vec::new();
     let mut steps = Vec::with_capacity(nodes.len());
     let mut copy = |v: usize,
@@ -360,14 +409,18 @@ pub(crate) fn route(
     };
     let mut inputs = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.iter().enumerate() {
-        let to = match layouts.blocked[i] {
+        let to = |v: usize| match layouts.blocked[i] {
             Blocked::No => Layout::Nchw,
+            Blocked::EitherInput { .. } => written[v],
             _ => Layout::Blocked,
         };
         let ins = node
             .inputs
             .iter()
-            .map(|&v| copy(v, to, i, &mut shapes, &mut steps))
+            .map(|&v| {
+                let to = to(v);
+                copy(v, to, i, &mut shapes, &mut steps)
+            })
             .collect();
         inputs.push(ins);
         steps.push(Step::Node(i));
@@ -509,6 +562,33 @@ mod tests {
         let copy = r.inputs[1][0];
         assert_eq!(r.inputs[2], vec![copy]);
         assert_eq!(r.outputs, vec![copy, 3]);
+    }
+
+    #[test]
+    fn a_kernel_reading_either_layout_takes_its_input_as_it_is() {
+        let f = Blocked::EitherInput { gain: 300 };
+        let small = Blocked::Kernel { gain: 0 };
+        // The input goes to node 0 as it is; only value 2 is reordered, out.
+        let r = run(&[f, small, N], &[&[0], &[1], &[2]], &[3], DType::F32);
+        if !ai3_kernels::cpu::blocked::available() {
+            return;
+        }
+        assert_eq!(r.blocked, vec![f, small, N]);
+        assert_eq!(reorders(&r), vec![(2, Layout::Nchw, 2)]);
+        assert_eq!(r.inputs[0], vec![0]);
+        assert_eq!(r.physical(1), vec![1, 2, 4, 4, 8]);
+        // Its gain must pay for the reorder out (256 elements).
+        let poor = Blocked::EitherInput { gain: 255 };
+        let r = run(&[poor, N], &[&[0], &[1]], &[2], DType::F32);
+        assert_eq!(r.blocked, vec![N, N]);
+        // From a blocked producer it reads blocked, with no reorder.
+        let r = run(&[K, f], &[&[0], &[1]], &[2], DType::F32);
+        assert_eq!(r.blocked, vec![K, f]);
+        assert_eq!(
+            reorders(&r),
+            vec![(0, Layout::Blocked, 0), (2, Layout::Nchw, 1)]
+        );
+        assert_eq!(r.inputs[1], vec![1]);
     }
 
     #[test]

@@ -516,6 +516,19 @@ impl Conv2d {
         }
     }
 
+    /// Whether this layer's blocked kernel also reads NCHW input
+    /// ([`Blocked::EitherInput`]): the blocked direct kernel with fewer
+    /// input channels than a block (an RGB input layer) and no residual,
+    /// which copies an NCHW image into its padded buffer as it lies, so
+    /// that no reorder into blocks (8 lanes for 3 channels) runs before it.
+    fn reads_nchw(&self, p: &Conv2dParams) -> bool {
+        !self.residual
+            && p.in_channels < ai3_kernels::cpu::blocked::BLOCK
+            && !depthwise::applies_blocked(p)
+            && direct::reads_nchw_into_blocked(p)
+            && matches!(self.algorithm(p), Ok(Algorithm::Direct))
+    }
+
     /// The algorithm whose kernel reads and writes `p` channels last, if
     /// any: the depthwise path of `'direct'` (f32), or the patches of
     /// `'gemm'` when the windows do not overlap.
@@ -610,9 +623,14 @@ impl Operation for Conv2d {
             return Blocked::No;
         };
         match self.params_for(x) {
-            Ok((p, true)) => self
-                .blocked_kernel(&p)
-                .map_or(Blocked::No, |(_, gain)| Blocked::Kernel { gain }),
+            Ok((p, true)) => match self.blocked_kernel(&p) {
+                // Reads an NCHW image where it lies (see `reads_nchw`).
+                Some((_, _)) if self.reads_nchw(&p) => Blocked::EitherInput {
+                    gain: p.output_len(),
+                },
+                Some((_, gain)) => Blocked::Kernel { gain },
+                None => Blocked::No,
+            },
             _ => Blocked::No,
         }
     }
@@ -649,6 +667,16 @@ impl Operation for Conv2d {
             }
         };
         let after = rest.is_some().then_some(&after as Epilogue<f32>);
+        let nchw_in = crate::layout::is_nchw(x, shape);
+        if nchw_in && !self.reads_nchw(&p) {
+            return Err(Error::internal(
+                OP.name(),
+                format!(
+                    "an NCHW input to a blocked kernel that reads blocks ({})",
+                    context()
+                ),
+            ));
+        }
         let (x, out) = (x.as_slice::<f32>()?, output.as_mut_slice::<f32>()?);
         let done = match (self.blocked_kernel(&p), pointwise_shape(&p)) {
             (Some((Algorithm::Direct, _)), _) if depthwise::applies_blocked(&p) => {
@@ -659,7 +687,11 @@ impl Operation for Conv2d {
                 let packed = prepared(&self.direct_packed, len, context, |d| {
                     direct::pack(&p, w, b, d)
                 })?;
-                direct::conv2d_blocked(&p, x, packed, out, fused, after)
+                if nchw_in {
+                    direct::conv2d_nchw_to_blocked(&p, x, packed, out, fused, after)
+                } else {
+                    direct::conv2d_blocked(&p, x, packed, out, fused, after)
+                }
             }
             (Some((Algorithm::Winograd, _)), _) => {
                 let len = kernel_result(OP, winograd::prepared_len::<f32>(&p), context)?;

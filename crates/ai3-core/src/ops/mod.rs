@@ -129,9 +129,11 @@ pub trait Operation: Send + Sync + fmt::Debug {
         Blocked::No
     }
     /// Computes the blocked `output` from blocked `inputs` (tensors of the
-    /// physical shapes [`crate::layout::blocked_shape`] gives), `shapes`
-    /// being the inputs' logical shapes. Called only when [`Self::blocked`]
-    /// said [`Blocked::Kernel`] for them.
+    /// physical shapes [`crate::layout::blocked_shape`] gives; NCHW ones
+    /// too for [`Blocked::EitherInput`], see [`crate::layout::is_nchw`]),
+    /// `shapes` being the inputs' logical shapes. Called only when
+    /// [`Self::blocked`] said [`Blocked::Kernel`] or
+    /// [`Blocked::EitherInput`] for them.
     fn forward_blocked(
         &self,
         _inputs: &[&Tensor],

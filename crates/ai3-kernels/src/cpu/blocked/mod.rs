@@ -84,28 +84,31 @@ pub fn blocked_len(n: usize, c: usize, plane: usize) -> KernelResult<usize> {
     checked_product("blocked layout", &[n, c.div_ceil(BLOCK), plane, BLOCK])
 }
 
-/// Checks a convolution's input and output lengths: the blocked forms of
-/// `p`'s NCHW tensors when `blocked`, else the NCHW ones.
+/// Checks a convolution's input and output lengths: each the blocked form
+/// of `p`'s NCHW tensor when its flag (input, output) says so, else the
+/// NCHW one.
 pub(crate) fn check_conv_buffers(
     p: &crate::params::Conv2dParams,
-    blocked: bool,
+    (blocked_in, blocked_out): (bool, bool),
     input: usize,
     output: usize,
 ) -> KernelResult<()> {
-    if !blocked {
+    if !blocked_in && !blocked_out {
         return p.check_buffers(input, None, output);
     }
+    let want_in = if blocked_in {
+        blocked_len(p.batch, p.in_channels, p.in_h * p.in_w)?
+    } else {
+        p.input_len()
+    };
+    check_len("blocked conv2d input", input, want_in)?;
     let plane_out = p.out_h() * p.out_w();
-    check_len(
-        "blocked conv2d input",
-        input,
-        blocked_len(p.batch, p.in_channels, p.in_h * p.in_w)?,
-    )?;
-    check_len(
-        "blocked conv2d output",
-        output,
-        blocked_len(p.batch, p.out_channels, plane_out)?,
-    )
+    let want_out = if blocked_out {
+        blocked_len(p.batch, p.out_channels, plane_out)?
+    } else {
+        p.output_len()
+    };
+    check_len("blocked conv2d output", output, want_out)
 }
 
 /// Writes `src` (`[n, c, plane]`, NCHW) into `dst` in the blocked layout, the

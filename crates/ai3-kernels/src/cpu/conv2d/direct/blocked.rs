@@ -100,23 +100,51 @@ pub fn pack(
     Ok(())
 }
 
+/// Where [`conv2d`] reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Io {
+    /// NCHW input and output.
+    Nchw,
+    /// Channel-blocked input and output.
+    Blocked,
+    /// NCHW input of at most [`CB`] channels (an RGB input layer), blocked
+    /// output: the input is read where it lies, with no reorder into blocks.
+    NchwToBlocked,
+}
+
+impl Io {
+    fn blocked_in(self) -> bool {
+        self == Io::Blocked
+    }
+
+    fn blocked_out(self) -> bool {
+        self != Io::Nchw
+    }
+}
+
 /// The convolution `p` (one group) of `input` with weights [`pack`]ed into
-/// `packed`, into `output`: both NCHW, or both in the channel-blocked
-/// layout when `blocked` (then `fused` applies in registers and
-/// `epilogue`, if any, runs on each finished row of a block, with offsets
-/// in the blocked output; NCHW output takes neither). Fails, before
-/// writing anything, when a buffer has the wrong length or `p` is not
-/// [`applies`]; a refused scratch allocation fails the call.
+/// `packed`, into `output`, in the layouts `io` gives (see [`Io`]): with
+/// blocked output, `fused` applies in registers and `epilogue`, if any,
+/// runs on each finished row of a block, with offsets in the blocked
+/// output; NCHW output takes neither. Fails, before writing anything, when
+/// a buffer has the wrong length or `p` is not [`applies`] (or has more
+/// than [`CB`] input channels for [`Io::NchwToBlocked`]); a refused scratch
+/// allocation fails the call.
+///
+/// An NCHW input of fewer than [`CB`] channels is copied into a padded
+/// buffer of `in_channels` values per pixel (not a whole block), rows
+/// split between the threads: an RGB layer's copy is 3/8 of a block's.
 pub fn conv2d(
     p: &Conv2dParams,
-    blocked: bool,
+    io: Io,
     input: &[f32],
     packed: &[f32],
     output: &mut [f32],
     fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
-    check_conv_buffers(p, blocked, input.len(), output.len())?;
+    let (blocked_in, blocked) = (io.blocked_in(), io.blocked_out());
+    check_conv_buffers(p, (blocked_in, blocked), input.len(), output.len())?;
     if !blocked && (epilogue.is_some() || fused.residual.is_some() || fused.clamp.is_some()) {
         return Err(crate::KernelError::Precondition {
             what: "the blocked direct convolution fuses an epilogue only into blocked output",
@@ -133,16 +161,25 @@ pub fn conv2d(
             what: "the blocked direct convolution needs one group, AVX2 and FMA",
         });
     }
+    if io == Io::NchwToBlocked && p.in_channels > CB {
+        return Err(crate::KernelError::Precondition {
+            what: "the blocked direct convolution reads NCHW input into blocked output only for at most 8 input channels",
+        });
+    }
     let (oh, ow) = (p.out_h(), p.out_w());
     if p.batch == 0 || oh * ow == 0 {
         return Ok(());
     }
     let (icb, ocb) = (blocks(p.in_channels), blocks(p.out_channels));
     let (pw, ph) = (p.padded_w(), p.padded_h());
-    let in_block = ph * pw * CB;
+    // Values per pixel of the padded copy: a whole block, or every channel
+    // of an NCHW input of fewer.
+    let compact = !blocked_in && p.in_channels < CB;
+    let px_in = if compact { p.in_channels } else { CB };
+    let in_block = ph * pw * px_in;
     let taps: Vec<usize> = (0..p.kernel_h)
         .flat_map(|ky| {
-            (0..p.kernel_w).map(move |kx| (ky * p.dilation.0 * pw + kx * p.dilation.1) * CB)
+            (0..p.kernel_w).map(move |kx| (ky * p.dilation.0 * pw + kx * p.dilation.1) * px_in)
         })
         .collect();
     let taps = &taps;
@@ -154,13 +191,13 @@ pub fn conv2d(
     let (obt, pt) = tile::shape();
     let groups = ocb.div_ceil(obt);
     let threads = threads_for_macs(p.macs());
-    let buf_len = checked_product("padded input copy", &[icb, ph, pw, CB])?;
+    let buf_len = checked_product("padded input copy", &[icb, ph, pw, px_in])?;
     with_scratch_named::<f32, _>(buf_len, "padded input copy", |buf| {
         for n in 0..p.batch {
             let pack_block = |(b, dst): (usize, &mut [f32])| {
                 // The buffer is reused: its borders are zeroed, the rest packed.
                 depthwise::zero_borders(p, pw, dst);
-                if blocked {
+                if blocked_in {
                     let src = &input[(n * icb + b) * plane_in * CB..][..plane_in * CB];
                     depthwise::pack_pixels(p, pw, src, CB, dst);
                     return;
@@ -175,7 +212,10 @@ pub fn conv2d(
                 // padded buffer, each source one input plane.
                 unsafe { depthwise::pack_padded(p, pw, &srcs, dst) };
             };
-            if threads > 1 {
+            if compact {
+                let image = &input[n * p.in_channels * plane_in..][..p.in_channels * plane_in];
+                pack_channels(p, pw, image, buf, threads > 1);
+            } else if threads > 1 {
                 buf.par_chunks_mut(in_block)
                     .enumerate()
                     .for_each(pack_block);
@@ -197,7 +237,7 @@ pub fn conv2d(
                 let (group, y) = (t / oh, t % oh);
                 let ob = group * obt;
                 let nob = obt.min(ocb - ob);
-                let row = &buf[y * p.stride.0 * pw * CB..];
+                let row = &buf[y * p.stride.0 * pw * px_in..];
                 // Channels of each output block of the tile.
                 let valid: [usize; OBT_MAX] =
                     std::array::from_fn(|o| CB.min(p.out_channels.saturating_sub((ob + o) * CB)));
@@ -218,12 +258,12 @@ pub fn conv2d(
                             nob,
                             np,
                             &Tile {
-                                x: row.as_ptr().add(x * p.stride.1 * CB),
+                                x: row.as_ptr().add(x * p.stride.1 * px_in),
                                 x_block: in_block,
                                 icb,
                                 last_lanes,
                                 taps,
-                                step: p.stride.1 * CB,
+                                step: p.stride.1 * px_in,
                                 w: packed.as_ptr().add(ob * w_stride),
                                 w_stride,
                                 bias: bias.as_ptr().add(ob * CB),
@@ -259,6 +299,39 @@ pub fn conv2d(
     })
 }
 
+/// Copies one NCHW image of fewer than [`CB`] channels into `buf` as a
+/// zero-padded `[padded row][padded column][channel]` array (`pw` padded
+/// columns), rows split between the threads when `parallel`.
+fn pack_channels(p: &Conv2dParams, pw: usize, image: &[f32], buf: &mut [f32], parallel: bool) {
+    let (c, plane) = (p.in_channels, p.in_h * p.in_w);
+    let (top, left) = (p.padding.top, p.padding.left);
+    let row_len = pw * c;
+    let pack_row = |(y, row): (usize, &mut [f32])| {
+        let Some(iy) = y.checked_sub(top).filter(|&iy| iy < p.in_h) else {
+            row.fill(0.0);
+            return;
+        };
+        row[..left * c].fill(0.0);
+        row[(left + p.in_w) * c..].fill(0.0);
+        let inner = &mut row[left * c..][..p.in_w * c];
+        for ch in 0..c {
+            let src = &image[ch * plane + iy * p.in_w..][..p.in_w];
+            for (d, &v) in inner[ch..].iter_mut().step_by(c).zip(src) {
+                *d = v;
+            }
+        }
+    };
+    let buf = &mut buf[..p.padded_h() * row_len];
+    if parallel {
+        buf.par_chunks_mut(row_len)
+            .enumerate()
+            .with_min_len(8)
+            .for_each(pack_row);
+    } else {
+        buf.chunks_mut(row_len).enumerate().for_each(pack_row);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,7 +351,7 @@ mod tests {
             let mut out = vec![f32::NAN; p.output_len()];
             conv2d(
                 p,
-                false,
+                Io::Nchw,
                 &cast::<f32>(&x),
                 &packed,
                 &mut out,
@@ -315,7 +388,23 @@ mod tests {
                 (fused, None, Some(&r)),
             ] {
                 let mut ob = vec![f32::NAN; blocked_out];
-                conv2d(p, true, &xb, &packed, &mut ob, fused, epilogue).unwrap();
+                conv2d(p, Io::Blocked, &xb, &packed, &mut ob, fused, epilogue).unwrap();
+                if p.in_channels <= CB {
+                    // The same from the NCHW input.
+                    let mut from_nchw = vec![f32::NAN; blocked_out];
+                    let x = cast::<f32>(&x);
+                    conv2d(
+                        p,
+                        Io::NchwToBlocked,
+                        &x,
+                        &packed,
+                        &mut from_nchw,
+                        fused,
+                        epilogue,
+                    )
+                    .unwrap();
+                    assert_eq!(from_nchw, ob, "NCHW input {p:?}");
+                }
                 for (i, v) in ob.iter().enumerate() {
                     let ch = (i / (plane_out * CB)) % ocb * CB + i % CB;
                     assert!(ch < p.out_channels || *v == 0.0, "padding lane {ch}: {v}");
@@ -394,34 +483,44 @@ mod tests {
         let packed = vec![0f32; packed_len(&p).unwrap()];
         let (x, mut out) = (vec![0f32; p.input_len()], vec![0f32; p.output_len()]);
         let none = Fused::default();
-        assert!(conv2d(&p, false, &x, &packed, &mut out, none, None).is_err());
+        assert!(conv2d(&p, Io::Nchw, &x, &packed, &mut out, none, None).is_err());
         let p = Conv2dParams { groups: 1, ..p };
-        assert!(conv2d(&p, false, &x[1..], &packed, &mut out, none, None).is_err());
-        assert!(conv2d(&p, false, &x, &packed[1..], &mut out, none, None).is_err());
-        assert!(conv2d(&p, true, &x, &packed, &mut out, none, None).is_err());
+        // NCHW input into blocked output: at most one block of channels.
+        let many = Conv2dParams {
+            in_channels: CB + 1,
+            ..p
+        };
+        let wide = vec![0f32; packed_len(&many).unwrap()];
+        let n_out = blocked_len(p.batch, p.out_channels, p.out_h() * p.out_w()).unwrap();
+        let (xm, mut om) = (vec![0f32; many.input_len()], vec![0f32; n_out]);
+        assert!(conv2d(&many, Io::NchwToBlocked, &xm, &wide, &mut om, none, None).is_err());
+        assert!(conv2d(&many, Io::Blocked, &xm, &wide, &mut om, none, None).is_err());
+        assert!(conv2d(&p, Io::Nchw, &x[1..], &packed, &mut out, none, None).is_err());
+        assert!(conv2d(&p, Io::Nchw, &x, &packed[1..], &mut out, none, None).is_err());
+        assert!(conv2d(&p, Io::Blocked, &x, &packed, &mut out, none, None).is_err());
         let e = |_: usize, _: &mut [f32]| ();
-        assert!(conv2d(&p, false, &x, &packed, &mut out, none, Some(&e)).is_err());
+        assert!(conv2d(&p, Io::Nchw, &x, &packed, &mut out, none, Some(&e)).is_err());
         // Fusion into NCHW output, a short residual, reversed bounds.
         let clamp = Fused {
             residual: None,
             clamp: Some((0.0, 6.0)),
         };
-        assert!(conv2d(&p, false, &x, &packed, &mut out, clamp, None).is_err());
+        assert!(conv2d(&p, Io::Nchw, &x, &packed, &mut out, clamp, None).is_err());
         let plane = p.in_h * p.in_w;
         let xb = vec![0f32; blocked_len(p.batch, p.in_channels, plane).unwrap()];
         let n_out = blocked_len(p.batch, p.out_channels, p.out_h() * p.out_w()).unwrap();
         let mut ob = vec![0f32; n_out];
-        assert!(conv2d(&p, true, &xb, &packed, &mut ob, none, None).is_ok());
+        assert!(conv2d(&p, Io::Blocked, &xb, &packed, &mut ob, none, None).is_ok());
         let short = vec![0f32; n_out - 1];
         let bad = Fused {
             residual: Some(&short),
             clamp: None,
         };
-        assert!(conv2d(&p, true, &xb, &packed, &mut ob, bad, None).is_err());
+        assert!(conv2d(&p, Io::Blocked, &xb, &packed, &mut ob, bad, None).is_err());
         let bad = Fused {
             residual: None,
             clamp: Some((1.0, 0.0)),
         };
-        assert!(conv2d(&p, true, &xb, &packed, &mut ob, bad, None).is_err());
+        assert!(conv2d(&p, Io::Blocked, &xb, &packed, &mut ob, bad, None).is_err());
     }
 }

@@ -114,11 +114,52 @@ pub fn conv2d_blocked(
     fused: crate::cpu::blocked::Fused<'_>,
     epilogue: Option<super::Epilogue<f32>>,
 ) -> KernelResult<()> {
+    on_channel_blocks(p, false, input, packed, output, fused, epilogue)
+}
+
+/// Whether [`conv2d_nchw_to_blocked`] takes `p`: [`runs_blocked`] for f32,
+/// with at most [`crate::cpu::blocked::BLOCK`] input channels.
+pub fn reads_nchw_into_blocked(p: &Conv2dParams) -> bool {
+    runs_blocked::<f32>(p) && p.in_channels <= crate::cpu::blocked::BLOCK
+}
+
+/// As [`conv2d_blocked`], but `input` is NCHW: a layer of few input
+/// channels (an RGB input layer) reads the image where it lies and writes
+/// the channel-blocked layout, with no reorder of its input. `p` must
+/// satisfy [`reads_nchw_into_blocked`].
+pub fn conv2d_nchw_to_blocked(
+    p: &Conv2dParams,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    fused: crate::cpu::blocked::Fused<'_>,
+    epilogue: Option<super::Epilogue<f32>>,
+) -> KernelResult<()> {
+    on_channel_blocks(p, true, input, packed, output, fused, epilogue)
+}
+
+/// The blocked kernel with blocked output, its input NCHW when `nchw_in`.
+fn on_channel_blocks(
+    p: &Conv2dParams,
+    nchw_in: bool,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    fused: crate::cpu::blocked::Fused<'_>,
+    epilogue: Option<super::Epilogue<f32>>,
+) -> KernelResult<()> {
     #[cfg(target_arch = "x86_64")]
-    return blocked::conv2d(p, true, input, packed, output, fused, epilogue);
+    {
+        let io = if nchw_in {
+            blocked::Io::NchwToBlocked
+        } else {
+            blocked::Io::Blocked
+        };
+        blocked::conv2d(p, io, input, packed, output, fused, epilogue)
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (p, input, packed, output, fused, epilogue);
+        let _ = (p, nchw_in, input, packed, output, fused, epilogue);
         Err(crate::KernelError::Precondition {
             what: "the blocked direct convolution needs x86-64 with AVX2 and FMA",
         })
@@ -249,7 +290,7 @@ fn run_packed<T: Float>(
     if on_blocks::<T>(p, portable) {
         use crate::float::{as_f32, as_f32_mut};
         if let (Some(x), Some(w), Some(out)) = (as_f32(input), as_f32(packed), as_f32_mut(output)) {
-            return blocked::conv2d(p, false, x, w, out, Default::default(), None);
+            return blocked::conv2d(p, blocked::Io::Nchw, x, w, out, Default::default(), None);
         }
     }
     p.check_buffers(input.len(), None, output.len())?;

@@ -133,7 +133,7 @@ pub fn conv2d(
 ) -> KernelResult<()> {
     require(p)?;
     p.check_sizes()?;
-    check_conv_buffers(p, blocked, input.len(), output.len())?;
+    check_conv_buffers(p, (blocked, blocked), input.len(), output.len())?;
     check_len(
         "packed blocked Winograd weights",
         packed.len(),
