@@ -315,6 +315,39 @@ mod tests {
         };
         run();
         crate::cpu::test_util::on_two_threads(run);
+        // f32, whose maxima run on AVX2 code: NaNs at every tap position of
+        // some window, among infinities, win as in the NCHW kernel.
+        let mut rng = Rng::new(5);
+        for p in &cases[..4] {
+            let (ip, op) = (p.in_h * p.in_w, p.out_h() * p.out_w());
+            let mut x: Vec<f32> = crate::cpu::test_util::cast(&rng.vec(p.batch * p.channels * ip));
+            for (i, v) in x.iter_mut().enumerate() {
+                match i % 23 {
+                    0 => *v = f32::NAN,
+                    7 => *v = f32::INFINITY,
+                    11 => *v = f32::NEG_INFINITY,
+                    _ => {}
+                }
+            }
+            let mut xb = vec![0.0; blocked_len(p.batch, p.channels, ip).unwrap()];
+            to_blocked(p.batch, p.channels, ip, &x, &mut xb).unwrap();
+            let mut want = vec![0.0f32; p.batch * p.channels * op];
+            maxpool2d(p, &x, &mut want).unwrap();
+            let mut ob = vec![0.0f32; blocked_len(p.batch, p.channels, op).unwrap()];
+            maxpool2d_blocked(p, &xb, &mut ob).unwrap();
+            let mut got = vec![0.0f32; want.len()];
+            from_blocked(p.batch, p.channels, op, &ob, &mut got).unwrap();
+            assert!(
+                want.iter().any(|v| v.is_nan()),
+                "{p:?}: no NaN reached the output"
+            );
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    g == w || (g.is_nan() && w.is_nan()),
+                    "f32 {p:?} at {i}: {g} vs {w}"
+                );
+            }
+        }
         let p = case(1, 3, 4, 4, 2, 2, 0, 1, false);
         let (x, mut o) = (vec![0.0f32; 32], vec![0.0f32; 32]);
         assert!(maxpool2d_blocked(&p, &x[1..], &mut o).is_err());
