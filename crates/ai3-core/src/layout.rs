@@ -128,8 +128,7 @@ pub fn blocked_shape(shape: &[usize]) -> Vec<usize> {
 /// Runs `op`'s NCHW kernel for blocked `inputs` (tensors of the physical
 /// shapes, `shapes` the logical ones) into the blocked `output` of logical
 /// shape `out_shape`: each blocked input reordered to NCHW, the output
-/// back. For a
-/// node planned blocked whose blocked kernel no longer applies (its
+/// back. For a node planned blocked whose blocked kernel no longer applies (its
 /// `'default'` algorithm depends on the thread count, which may change
 /// after the plan was made), so the run stays right, at the reorders' cost.
 pub(crate) fn via_nchw(
@@ -380,8 +379,6 @@ pub(crate) fn route(
             layout[node.output] = Layout::Blocked;
         }
     }
-    // Each value's layout as written (copies are appended after).
-    let written = layout.clone();
     let mut copies: Vec<((usize, Layout), usize)> = Vec::new();
     let mut steps = Vec::with_capacity(nodes.len());
     let mut copy = |v: usize,
@@ -409,19 +406,21 @@ pub(crate) fn route(
     };
     let mut inputs = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.iter().enumerate() {
-        let to = |v: usize| match layouts.blocked[i] {
-            Blocked::No => Layout::Nchw,
-            Blocked::EitherInput { .. } => written[v],
-            _ => Layout::Blocked,
+        let ins = match layouts.blocked[i] {
+            // Reads its inputs as they were written.
+            Blocked::EitherInput { .. } => node.inputs.to_vec(),
+            b => {
+                let to = if b == Blocked::No {
+                    Layout::Nchw
+                } else {
+                    Layout::Blocked
+                };
+                node.inputs
+                    .iter()
+                    .map(|&v| copy(v, to, i, &mut shapes, &mut steps))
+                    .collect()
+            }
         };
-        let ins = node
-            .inputs
-            .iter()
-            .map(|&v| {
-                let to = to(v);
-                copy(v, to, i, &mut shapes, &mut steps)
-            })
-            .collect();
         inputs.push(ins);
         steps.push(Step::Node(i));
     }

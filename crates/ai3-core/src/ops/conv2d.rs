@@ -687,11 +687,7 @@ impl Operation for Conv2d {
                 let packed = prepared(&self.direct_packed, len, context, |d| {
                     direct::pack(&p, w, b, d)
                 })?;
-                if nchw_in {
-                    direct::conv2d_nchw_to_blocked(&p, x, packed, out, fused, after)
-                } else {
-                    direct::conv2d_blocked(&p, x, packed, out, fused, after)
-                }
+                direct::conv2d_blocked(&p, nchw_in, x, packed, out, fused, after)
             }
             (Some((Algorithm::Winograd, _)), _) => {
                 let len = kernel_result(OP, winograd::prepared_len::<f32>(&p), context)?;

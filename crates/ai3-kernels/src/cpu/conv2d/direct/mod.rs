@@ -101,47 +101,17 @@ pub fn runs_blocked<T: Float>(p: &Conv2dParams) -> bool {
     on_blocks::<T>(p, false)
 }
 
-/// Direct convolution in the channel-blocked layout
-/// ([`crate::cpu::blocked`]): `input` and `output` are the blocked forms of
-/// the NCHW tensors, `packed` as [`pack`] leaves it for f32; `fused`
-/// applies in registers, then `epilogue` (offsets in the blocked output).
-/// `p` must satisfy [`runs_blocked`] for f32.
+/// Direct convolution into the channel-blocked layout
+/// ([`crate::cpu::blocked`]): `output` is the blocked form of the NCHW
+/// tensor, `input` too, or, when `nchw_input` (a layer of at most
+/// [`crate::cpu::blocked::BLOCK`] input channels, such as an RGB input
+/// layer: [`reads_nchw_into_blocked`]), the NCHW tensor itself, read where
+/// it lies with no reorder into blocks. `packed` as [`pack`] leaves it for
+/// f32; `fused` applies in registers, then `epilogue` (offsets in the
+/// blocked output). `p` must satisfy [`runs_blocked`] for f32.
 pub fn conv2d_blocked(
     p: &Conv2dParams,
-    input: &[f32],
-    packed: &[f32],
-    output: &mut [f32],
-    fused: crate::cpu::blocked::Fused<'_>,
-    epilogue: Option<super::Epilogue<f32>>,
-) -> KernelResult<()> {
-    on_channel_blocks(p, false, input, packed, output, fused, epilogue)
-}
-
-/// Whether [`conv2d_nchw_to_blocked`] takes `p`: [`runs_blocked`] for f32,
-/// with at most [`crate::cpu::blocked::BLOCK`] input channels.
-pub fn reads_nchw_into_blocked(p: &Conv2dParams) -> bool {
-    runs_blocked::<f32>(p) && p.in_channels <= crate::cpu::blocked::BLOCK
-}
-
-/// As [`conv2d_blocked`], but `input` is NCHW: a layer of few input
-/// channels (an RGB input layer) reads the image where it lies and writes
-/// the channel-blocked layout, with no reorder of its input. `p` must
-/// satisfy [`reads_nchw_into_blocked`].
-pub fn conv2d_nchw_to_blocked(
-    p: &Conv2dParams,
-    input: &[f32],
-    packed: &[f32],
-    output: &mut [f32],
-    fused: crate::cpu::blocked::Fused<'_>,
-    epilogue: Option<super::Epilogue<f32>>,
-) -> KernelResult<()> {
-    on_channel_blocks(p, true, input, packed, output, fused, epilogue)
-}
-
-/// The blocked kernel with blocked output, its input NCHW when `nchw_in`.
-fn on_channel_blocks(
-    p: &Conv2dParams,
-    nchw_in: bool,
+    nchw_input: bool,
     input: &[f32],
     packed: &[f32],
     output: &mut [f32],
@@ -150,7 +120,7 @@ fn on_channel_blocks(
 ) -> KernelResult<()> {
     #[cfg(target_arch = "x86_64")]
     {
-        let io = if nchw_in {
+        let io = if nchw_input {
             blocked::Io::NchwToBlocked
         } else {
             blocked::Io::Blocked
@@ -159,11 +129,17 @@ fn on_channel_blocks(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (p, nchw_in, input, packed, output, fused, epilogue);
+        let _ = (p, nchw_input, input, packed, output, fused, epilogue);
         Err(crate::KernelError::Precondition {
             what: "the blocked direct convolution needs x86-64 with AVX2 and FMA",
         })
     }
+}
+
+/// Whether [`conv2d_blocked`] takes `p` with NCHW input: [`runs_blocked`]
+/// for f32, with at most [`crate::cpu::blocked::BLOCK`] input channels.
+pub fn reads_nchw_into_blocked(p: &Conv2dParams) -> bool {
+    runs_blocked::<f32>(p) && p.in_channels <= crate::cpu::blocked::BLOCK
 }
 
 /// Length of what [`pack`] writes for `T` (`p` has passed
