@@ -616,8 +616,8 @@ impl Graph {
     /// The run of first steps worth executing a few images at a time
     /// ([`Chunks`]), if any: the longest run of steps on 4-D values of one
     /// batch whose operations work image by image
-    /// ([`Operation::per_image`]), cut after its last step whose output
-    /// exceeds [`CHUNK_BYTES`]; a chunk takes as many images as keep every
+    /// ([`Operation::per_image`]), cut after its last step that writes or
+    /// reads a value over [`CHUNK_BYTES`]; a chunk takes as many images as keep every
     /// step's reads and write within [`CHUNK_BYTES`], at least one.
     fn chunks(&self, route: &Route) -> Option<Chunks> {
         let bytes = |v: usize| -> usize {
@@ -654,7 +654,12 @@ impl Graph {
                 .fold(bytes(out), usize::saturating_add);
             peak = peak.max(touched);
             peaks.push(peak);
-            if bytes(out) > CHUNK_BYTES {
+            // The step that reads a large value runs in the chunks too, so
+            // that it reads each chunk while still in cache.
+            if std::iter::once(&out)
+                .chain(reads)
+                .any(|&v| bytes(v) > CHUNK_BYTES)
+            {
                 steps = peaks.len();
             }
         }
@@ -1478,6 +1483,55 @@ mod tests {
             .chunks(image)
             .flat_map(|im| im.iter().chain(im).map(|v| v.max(0.0)))
             .collect();
+        assert_eq!(got[0].as_slice::<f32>().unwrap(), want.as_slice());
+    }
+
+    /// The step that reads the run's last large value runs in the chunks
+    /// too (it reads each chunk while still in cache), even though what it
+    /// writes is small; the step after it does not.
+    #[test]
+    fn the_reader_of_the_last_large_value_is_chunked_too() {
+        use crate::ops::{MaxPool2d, Window};
+        let pool = || {
+            Box::new(
+                MaxPool2d::new(Window {
+                    kernel: (2, 2),
+                    stride: (2, 2),
+                    padding: (0, 0),
+                    dilation: (1, 1),
+                    ceil_mode: false,
+                })
+                .unwrap(),
+            )
+        };
+        let mut g = Graph::new(DType::F32, 1);
+        let a = g.push("a", relu(), vec![0]).unwrap();
+        let b = g.push("b", pool(), vec![a]).unwrap();
+        let c = g.push("c", relu(), vec![b]).unwrap();
+        g.set_outputs(vec![c]).unwrap();
+        // 16 MiB into the pool, 4 MiB out of it.
+        let shape = vec![4, 64, 128, 128];
+        let plan = g.make_plan(std::slice::from_ref(&shape)).unwrap();
+        let chunks = plan.chunks.expect("chunked");
+        assert_eq!(chunks.steps, 2);
+        assert!(chunks.images < 4);
+
+        let n: usize = shape.iter().product();
+        let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 23) as f32 - 11.0).collect();
+        let got = g
+            .run(vec![Tensor::from_slice(&x, &shape).unwrap()])
+            .unwrap();
+        let (h, w) = (128, 128);
+        let mut want = Vec::with_capacity(n / 4);
+        for plane in x.chunks(h * w) {
+            for y in 0..h / 2 {
+                for xx in 0..w / 2 {
+                    let at = |dy: usize, dx: usize| plane[(2 * y + dy) * w + 2 * xx + dx];
+                    let m = at(0, 0).max(at(0, 1)).max(at(1, 0)).max(at(1, 1));
+                    want.push(m.max(0.0));
+                }
+            }
+        }
         assert_eq!(got[0].as_slice::<f32>().unwrap(), want.as_slice());
     }
 
