@@ -617,8 +617,9 @@ impl Graph {
     /// ([`Chunks`]), if any: the longest run of steps on 4-D values of one
     /// batch whose operations work image by image
     /// ([`Operation::per_image`]), cut after its last step that writes or
-    /// reads a value over [`CHUNK_BYTES`]; a chunk takes as many images as keep every
-    /// step's reads and write within [`CHUNK_BYTES`], at least one.
+    /// reads a value over [`CHUNK_BYTES`]; a chunk takes as many images as
+    /// keep every step's reads and write within [`CHUNK_BYTES`], at least
+    /// one.
     fn chunks(&self, route: &Route) -> Option<Chunks> {
         let bytes = |v: usize| -> usize {
             let n: usize = route.physical(v).iter().product();
