@@ -226,6 +226,11 @@ mod tests {
             (30, 600, 100),
             (11, 513, 64),
             (300, 96, 288),
+            // Row blocks of unequal tile counts (ConvNeXt's 196 rows), more
+            // row blocks than tasks wanted, few panels for many groups.
+            (196, 50, 130),
+            (1000, 20, 70),
+            (5, 10, 300),
             // One and two rows (the reduction split in interleaved parts,
             // with a remainder), full and partial panels, one long stream.
             (1, 1031, 40),
