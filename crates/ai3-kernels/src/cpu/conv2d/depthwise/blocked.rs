@@ -149,9 +149,14 @@ pub(super) fn conv2d(
     let geo = Geometry::new(p);
     let geo = &geo;
     let ntaps = geo.taps.len();
+    // Wide planes read in place (blocked or NHWC) need no padded copy of
+    // the input: their scratch is the weights alone, not hundreds of KB
+    // allocated and zeroed per task batch (a 112x112 plane: 406 KB).
+    let direct = io != Io::Nchw && p.in_w >= DIRECT_MIN_WIDTH;
+    let buf_len = if direct { 0 } else { geo.buf_len };
     // Scratch: the input buffer (from a 64-byte boundary), then the block's
     // weights `[tap][CB]` and bias.
-    let scratch_len = ALIGN + geo.buf_len + (ntaps + 1) * CB;
+    let scratch_len = ALIGN + buf_len + (ntaps + 1) * CB;
     let plane_in = p.in_h * p.in_w;
     let mult = p.out_channels_per_group();
     let pixels = io.pixel_stride(p.out_channels);
@@ -172,7 +177,7 @@ pub(super) fn conv2d(
             clamp: fused.clamp,
         };
         let skip = scratch.as_ptr().align_offset(64).min(ALIGN);
-        let (buf, wb) = scratch[skip..].split_at_mut(geo.buf_len);
+        let (buf, wb) = scratch[skip..].split_at_mut(buf_len);
         let (wb, bb) = wb.split_at_mut(ntaps * CB);
         let c0 = ob * CB;
         let valid = CB.min(p.out_channels - c0);
@@ -216,7 +221,7 @@ pub(super) fn conv2d(
             }
         };
         if let Some((src, stride)) = src {
-            if p.in_w >= DIRECT_MIN_WIDTH {
+            if direct {
                 // SAFETY: AVX2 and FMA (asserted); `src` holds the block's
                 // `in_h * in_w` pixels `stride` apart, `out` its output
                 // pixels as far apart, `wb` and `bb` as below.
@@ -269,7 +274,7 @@ pub(super) fn conv2d(
     } else {
         with_scratch::<f32, _>(scratch_len, |scratch| {
             // The padding positions must be zero; `pack` writes only the others.
-            scratch[..ALIGN + geo.buf_len].fill(0.0);
+            scratch[..ALIGN + buf_len].fill(0.0);
             for t in 0..tasks {
                 let (n, ob) = (t / blocks, t % blocks);
                 // SAFETY: as above, one task at a time.
