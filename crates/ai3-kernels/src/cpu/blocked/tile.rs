@@ -107,18 +107,20 @@ unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
     macro_rules! pixels {
-        ($z:literal: $($p:literal)*) => {
+        ($z:literal, $packed:literal: $($p:literal)*) => {
             match np {
-                $($p => avx512::<$z, $p>(nob, t),)*
+                $($p => avx512::<$z, $p, $packed>(nob, t),)*
                 _ => unreachable!("tile of {nob} blocks by {np} pixels"),
             }
         };
     }
     // SAFETY: the caller's contract, for the instance that matches.
     unsafe {
-        match nob {
-            3 | 4 => pixels!(2: 1 2 3 4 5 6 7 8 9 10 11 12),
-            1 | 2 => pixels!(1: 1 2 3 4 5 6 7 8 9 10 11 12),
+        match (nob, t.step == CB) {
+            (3 | 4, true) => pixels!(2, true: 1 2 3 4 5 6 7 8 9 10 11 12),
+            (1 | 2, true) => pixels!(1, true: 1 2 3 4 5 6 7 8 9 10 11 12),
+            (3 | 4, false) => pixels!(2, false: 1 2 3 4 5 6 7 8 9 10 11 12),
+            (1 | 2, false) => pixels!(1, false: 1 2 3 4 5 6 7 8 9 10 11 12),
             _ => unreachable!("tile of {nob} blocks by {np} pixels"),
         }
     }
@@ -261,10 +263,17 @@ unsafe fn half(v: __m512, h: usize) -> __m256 {
 /// an odd `nob` the last zmm's upper half repeats its lower block, and is
 /// not stored. The two rows of sums are separate arrays, each indexed by
 /// constants only, so that they stay in registers.
+///
+/// `PACKED`: the windows of consecutive pixels are one pixel apart (`t.step`
+/// is a block: 1x1 and stride-1 layers), so every pixel's value is at a
+/// constant offset from one pointer. With a run-time step each of the 12
+/// pixels took a register of its own, more than there are, and the loop
+/// reloaded spilled addresses from the stack at every step.
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn avx512<const Z: usize, const P: usize>(nob: usize, t: &Tile<'_>) {
+unsafe fn avx512<const Z: usize, const P: usize, const PACKED: bool>(nob: usize, t: &Tile<'_>) {
+    let step = if PACKED { CB } else { t.step };
     let (hi0, hi1) = (1.min(nob - 1), 3.min(nob - 1));
     // SAFETY (whole body): reads and writes stay in the ranges the caller
     // vouches for (blocks below nob).
@@ -283,7 +292,7 @@ unsafe fn avx512<const Z: usize, const P: usize>(nob: usize, t: &Tile<'_>) {
                 w0
             };
             for p in 0..P {
-                let xv = _mm512_set1_ps(*xt.add(p * t.step + l));
+                let xv = _mm512_set1_ps(*xt.add(p * step + l));
                 a0[p] = _mm512_fmadd_ps(w0, xv, a0[p]);
                 if Z == 2 {
                     a1[p] = _mm512_fmadd_ps(w1, xv, a1[p]);
