@@ -107,6 +107,9 @@ unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
     macro_rules! pixels {
+        ($z:literal, $packed:literal) => {
+            pixels!($z, $packed: 1 2 3 4 5 6 7 8 9 10 11 12)
+        };
         ($z:literal, $packed:literal: $($p:literal)*) => {
             match np {
                 $($p => avx512::<$z, $p, $packed>(nob, t),)*
@@ -117,10 +120,10 @@ unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
     // SAFETY: the caller's contract, for the instance that matches.
     unsafe {
         match (nob, t.step == CB) {
-            (3 | 4, true) => pixels!(2, true: 1 2 3 4 5 6 7 8 9 10 11 12),
-            (1 | 2, true) => pixels!(1, true: 1 2 3 4 5 6 7 8 9 10 11 12),
-            (3 | 4, false) => pixels!(2, false: 1 2 3 4 5 6 7 8 9 10 11 12),
-            (1 | 2, false) => pixels!(1, false: 1 2 3 4 5 6 7 8 9 10 11 12),
+            (3 | 4, true) => pixels!(2, true),
+            (1 | 2, true) => pixels!(1, true),
+            (3 | 4, false) => pixels!(2, false),
+            (1 | 2, false) => pixels!(1, false),
             _ => unreachable!("tile of {nob} blocks by {np} pixels"),
         }
     }
