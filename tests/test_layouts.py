@@ -662,6 +662,45 @@ def test_a_channels_last_input_read_by_another_kernel_is_copied():
 
 
 @pytest.mark.parametrize(
+    "plane, k",
+    [
+        ((7, 7), 3),
+        ((14, 14), 5),
+        ((15, 17), 3),
+        ((4, 4), 3),
+        ((7, 7), 7),
+        ((5, 60), 3),
+        ((3, 61), 5),
+    ],
+)
+def test_stride1_depthwise_between_blocked_layers_matches_pytorch(plane, k):
+    # With AVX-512, stride-1 depthwise layers on blocks hold two pixels per
+    # register: from a padded copy whose extra columns are computed and not
+    # stored (7x7, 14x14, 15x17; not 4x4, too small, nor 7x7 with a 7x7
+    # kernel, too many extra columns), or in place on planes 56 and wider.
+    # 20 channels leave padding lanes; the skip and ReLU6 may fuse into the
+    # depthwise kernel's stores.
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.expand = nn.Conv2d(12, 20, 1)
+            self.dw = nn.Conv2d(20, 20, k, padding=k // 2, groups=20)
+            self.project = nn.Conv2d(20, 12, 1)
+
+        def forward(self, x):
+            y = nn.functional.relu6(self.expand(x))
+            return self.project(nn.functional.relu6(self.dw(y) + y))
+
+    net = _scaled(Net().eval())
+    x = torch.randn(2, 12, *plane)
+    model = ai3.convert(net)
+    assert_close(model(x), reference(net, x))
+    if BLOCKED:
+        rows = {r["name"]: r["layout"] for r in model.summary(tuple(x.shape))}
+        assert rows["dw"] == "NCHW8c", rows
+
+
+@pytest.mark.parametrize(
     "act", [nn.ReLU(), nn.ReLU6(), nn.Hardtanh(-0.5, 1.5)], ids=["relu", "relu6", "hardtanh"]
 )
 def test_clamps_fuse_into_the_blocked_kernels_and_keep_nan(act):

@@ -153,7 +153,20 @@ pub(super) fn conv2d(
     // the input: their scratch is the weights alone, not hundreds of KB
     // allocated and zeroed per task batch (a 112x112 plane: 406 KB).
     let direct = io != Io::Nchw && p.in_w >= DIRECT_MIN_WIDTH;
-    let buf_len = if direct { 0 } else { geo.buf_len };
+    // Stride-1 layers with blocked output take AVX-512's two pixels a
+    // register; from the padded buffer, as the plan of their stores says.
+    let pairs = io == Io::Blocked && crate::isa::avx512();
+    let stores = (pairs && !direct)
+        .then(|| super::pairs::plan(p, geo.pw))
+        .flatten();
+    let stores = stores.as_deref();
+    // The pair loop reads one pixel past the padded buffer (into lanes it
+    // does not store).
+    let buf_len = match (direct, stores) {
+        (true, _) => 0,
+        (false, Some(_)) => geo.buf_len + CB,
+        (false, None) => geo.buf_len,
+    };
     // Scratch: the input buffer (from a 64-byte boundary), then the block's
     // weights `[tap][CB]` and bias.
     let scratch_len = ALIGN + buf_len + (ntaps + 1) * CB;
@@ -220,27 +233,31 @@ pub(super) fn conv2d(
                 Some((&image[c0..], p.in_channels))
             }
         };
-        if let Some((src, stride)) = src {
-            if direct {
-                // SAFETY: AVX2 and FMA (asserted); `src` holds the block's
-                // `in_h * in_w` pixels `stride` apart, `out` its output
-                // pixels as far apart, `wb` and `bb` as below.
-                unsafe { compute_direct(p, src, stride, wb, bb, out, fuse) };
-                if let Some(e) = epilogue {
-                    // SAFETY: blocked (NHWC has no epilogue): the block's
-                    // planes are `CB * plane_out` elements from `out`.
-                    e(region(n, ob), unsafe {
-                        std::slice::from_raw_parts_mut(out, CB * plane_out)
-                    });
-                }
-                return;
+        match (src, stores) {
+            // SAFETY: AVX2 and FMA (asserted), and AVX-512 where `pairs`;
+            // `src` holds the block's `in_h * in_w` pixels `stride` apart,
+            // `out` its output pixels as far apart, `wb` and `bb` as below.
+            (Some((src, stride)), _) if direct => unsafe {
+                compute_direct(p, src, stride, wb, bb, out, fuse, pairs)
+            },
+            (Some((src, stride)), Some(stores)) => {
+                pack_pixels(p, geo.pw, src, stride, buf);
+                // SAFETY: AVX-512 (`stores` only then); `buf` is packed from
+                // a 64-byte boundary with a pixel to spare, `wb` and `bb` as
+                // below, `out` the block's blocked planes, `stores` the plan
+                // for `p`.
+                unsafe { super::pairs::padded(buf, &geo.taps, wb, bb, out, stores, fuse) }
             }
-            pack_pixels(p, geo.pw, src, stride, buf);
+            (src, _) => {
+                if let Some((src, stride)) = src {
+                    pack_pixels(p, geo.pw, src, stride, buf);
+                }
+                // SAFETY: AVX2 and FMA (asserted); `buf` is packed, `wb` and
+                // `bb` hold a vector per tap and one, `out` `valid` planes
+                // (NCHW) or `plane_out` pixels `pixels` apart.
+                unsafe { compute(p, geo, buf, wb, bb, out, valid, pixels, fuse) }
+            }
         }
-        // SAFETY: AVX2 and FMA (asserted); `buf` is packed, `wb` and `bb`
-        // hold a vector per tap and one, `out` `valid` planes (NCHW) or
-        // `plane_out` pixels `pixels` apart.
-        unsafe { compute(p, geo, buf, wb, bb, out, valid, pixels, fuse) };
         if let Some(e) = epilogue {
             let len = match io {
                 Io::Nchw => valid * plane_out,
@@ -287,7 +304,7 @@ pub(super) fn conv2d(
 /// What a block's stores fuse, in registers: the residual and a clamp
 /// ([`Fused`], for one block).
 #[derive(Clone, Copy)]
-struct Fuse {
+pub(super) struct Fuse {
     /// The block's residual, at the same offsets as its output (null: none).
     residual: *const f32,
     /// The bounds, `lo <= hi`.
@@ -311,6 +328,29 @@ impl Fuse {
                 v = crate::cpu::blocked::tile::clamp(v, _mm256_set1_ps(lo), _mm256_set1_ps(hi));
             }
             _mm256_storeu_ps(out.add(at), v);
+        }
+    }
+
+    /// Stores the lanes of `v` that `mask` selects (each half one pixel's
+    /// block), plus the residual, clamped, at `out + at`; the other lanes
+    /// are neither read nor written.
+    ///
+    /// # Safety
+    /// AVX-512F; the selected lanes of `out + at` valid for writes, of the
+    /// residual (if any) for reads.
+    #[inline(always)]
+    pub(super) unsafe fn store_pair(self, out: *mut f32, at: usize, mask: u16, mut v: __m512) {
+        // SAFETY: the caller's contract; masked lanes are not accessed.
+        unsafe {
+            if !self.residual.is_null() {
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, self.residual.add(at)));
+            }
+            if let Some((lo, hi)) = self.clamp {
+                // `max` and `min` return their second operand on NaN: NaN
+                // passes through, as in PyTorch.
+                v = _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
+            }
+            _mm512_mask_storeu_ps(out.add(at), mask, v);
         }
     }
 }
@@ -488,12 +528,15 @@ unsafe fn compute(
 /// column inside the input) runs [`R`] pixels in registers at a time, the
 /// last group shifted back to end at the interior's end (it recomputes a
 /// few pixels, identically); border pixels run one at a time. Stores go
-/// through `fuse`.
+/// through `fuse`. With `pairs` (AVX-512), stride-1 interiors of blocked
+/// input take [`super::pairs::row`] instead.
 ///
 /// # Safety
-/// AVX2 and FMA; `src` holds those pixels, `wb` `taps * CB`, `bb` `CB`,
+/// AVX2 and FMA, and AVX-512F where `pairs`; `src` holds those pixels, `wb`
+/// `taps * CB`, `bb` `CB`,
 /// `out` is valid for writes of `CB` elements at each of the `out_h *
 /// out_w` pixels' places, `fuse` as [`Fuse`] says.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn compute_direct(
     p: &Conv2dParams,
@@ -503,6 +546,7 @@ unsafe fn compute_direct(
     bb: &[f32],
     out: *mut f32,
     fuse: Fuse,
+    pairs: bool,
 ) {
     let (oh, ow) = (p.out_h(), p.out_w());
     let (sh, sw) = p.stride;
@@ -556,7 +600,18 @@ unsafe fn compute_direct(
             for x in (0..x_lo).chain(x_hi..ow) {
                 fuse.store(op, orow + x * ps, pixel(x, y, kys.clone()));
             }
-            if x_hi - x_lo < R {
+            let run = x_hi - x_lo;
+            if pairs && sw == 1 && ps == CB && run >= 2 * super::pairs::A && !kys.is_empty() {
+                // The first interior pixel's read of tap (kys.start, 0).
+                let first = row(y, kys.start).offset((x_lo as isize - left) * CB as isize);
+                let (step, at) = (dh * p.in_w * CB, orow + x_lo * CB);
+                // SAFETY: AVX-512 (`pairs`); the run's taps are interior
+                // pixels of rows `kys`, `dh` input rows apart; its outputs
+                // are pixels of `out`.
+                super::pairs::row(first, step, kys, (kw, dw), wb, bb, (op, at), run, fuse);
+                continue;
+            }
+            if run < R {
                 for x in x_lo..x_hi {
                     fuse.store(op, orow + x * ps, pixel(x, y, kys.clone()));
                 }

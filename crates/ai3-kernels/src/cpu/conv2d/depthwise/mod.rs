@@ -24,6 +24,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod blocked;
+#[cfg(target_arch = "x86_64")]
+mod pairs;
 
 /// Copies 8 NCHW planes into a zero-padded buffer of 8-channel pixels
 /// (see [`blocked::pack`]); the direct algorithm's blocked path shares it.
