@@ -80,7 +80,14 @@ macro_rules! with_combine {
 /// The output positions `lo..hi` along one axis whose windows lie entirely
 /// inside the input (every other position touches padding or the clipped
 /// `ceil_mode` edge).
-fn interior(out: usize, n: usize, k: usize, s: usize, pad: usize, d: usize) -> (usize, usize) {
+pub(super) fn interior(
+    out: usize,
+    n: usize,
+    k: usize,
+    s: usize,
+    pad: usize,
+    d: usize,
+) -> (usize, usize) {
     let span = (k - 1) * d;
     let lo = pad.div_ceil(s).min(out);
     // Largest o with o*s - pad + span <= n - 1.
@@ -124,7 +131,7 @@ multiversion! {
     /// passes over whole rows of width `iw`. Output rows `flat.0..flat.1`
     /// (stride 1, whole windows inside the input) go as one run, so narrow
     /// planes do not pay a loop per row.
-    unsafe fn fold_rows<T>(reduce: Reduce, src: &[T], iw: usize, rows: &[Taps], dh: usize, flat: (usize, usize), folded: &mut [T]) => fold_rows_impl
+    pub(super) unsafe fn fold_rows<T>(reduce: Reduce, src: &[T], iw: usize, rows: &[Taps], dh: usize, flat: (usize, usize), folded: &mut [T]) => fold_rows_impl
 }
 
 #[inline(always)]
