@@ -41,6 +41,9 @@ pub struct Conv2d {
     winograd_filter: OnceLock<Tensor>,
     /// Weights and bias packed for direct convolution, once on first use.
     direct_packed: OnceLock<Tensor>,
+    /// Weights and bias packed for the blocked (and channels-last) depthwise
+    /// kernel, once on first use.
+    depthwise_packed: OnceLock<Tensor>,
     /// Weights and bias packed for the blocked 1x1 kernel, once on first use.
     pointwise_packed: OnceLock<Tensor>,
     /// Weights in the order of channels-last patches, once on first use.
@@ -125,6 +128,7 @@ impl Conv2d {
             request,
             winograd_filter: OnceLock::new(),
             direct_packed: OnceLock::new(),
+            depthwise_packed: OnceLock::new(),
             pointwise_packed: OnceLock::new(),
             nhwc_weight: OnceLock::new(),
             activation: None,
@@ -543,6 +547,20 @@ impl Conv2d {
             _ => None,
         }
     }
+
+    /// The f32 weights and bias packed for the blocked and channels-last
+    /// depthwise kernels, on first use.
+    fn depthwise_packed(&self, p: &Conv2dParams, context: impl Fn() -> String) -> Result<&[f32]> {
+        let len = kernel_result(OP, depthwise::blocked_packed_len(p), &context)?;
+        let w = self.weight.as_slice::<f32>()?;
+        let b = match &self.bias {
+            Some(b) => Some(b.as_slice::<f32>()?),
+            None => None,
+        };
+        prepared(&self.depthwise_packed, len, context, |d| {
+            depthwise::pack_blocked(p, w, b, d)
+        })
+    }
 }
 
 /// Weights an algorithm prepares once, on first use, and keeps in `cell`:
@@ -680,7 +698,8 @@ impl Operation for Conv2d {
         let (x, out) = (x.as_slice::<f32>()?, output.as_mut_slice::<f32>()?);
         let done = match (self.blocked_kernel(&p), pointwise_shape(&p)) {
             (Some((Algorithm::Direct, _)), _) if depthwise::applies_blocked(&p) => {
-                depthwise::conv2d_blocked(&p, x, w, b, out, fused, after)
+                let packed = self.depthwise_packed(&p, context)?;
+                depthwise::conv2d_blocked(&p, x, packed, out, fused, after)
             }
             (Some((Algorithm::Direct, _)), _) => {
                 let len = kernel_result(OP, direct::packed_len::<f32>(&p), context)?;
@@ -739,13 +758,10 @@ impl Operation for Conv2d {
         let (p, _) = self.params_for(&shape)?;
         let context = || format!("{}, channels last", self.context(&shape));
         let done = match self.channels_last_kernel(&p) {
-            Some(Algorithm::Direct) => depthwise::conv2d_nhwc(
-                &p,
-                x.as_slice()?,
-                self.weight.as_slice()?,
-                self.bias.as_ref().map(|b| b.as_slice()).transpose()?,
-                output.as_mut_slice()?,
-            ),
+            Some(Algorithm::Direct) => {
+                let packed = self.depthwise_packed(&p, context)?;
+                depthwise::conv2d_nhwc(&p, x.as_slice()?, packed, output.as_mut_slice()?)
+            }
             Some(Algorithm::Gemm) => with_dtype!(x.dtype(), T, {
                 let w = self.weight.as_slice::<T>()?;
                 let w = prepared(&self.nhwc_weight, w.len(), context, |d| {

@@ -6,7 +6,9 @@
 
 use super::avg::divisors;
 use super::for_each_plane;
-use super::separable::{add, fold_rows, interior, nan_max, window_taps, Reduce, Taps};
+use super::separable::{add, nan_max, window_taps, Reduce, Taps};
+#[cfg(target_arch = "x86_64")]
+use super::separable::{fold_rows, interior};
 use crate::alloc::{check_len, KernelError, KernelResult};
 use crate::cpu::blocked::{blocked_len, BLOCK};
 #[cfg(target_arch = "x86_64")]

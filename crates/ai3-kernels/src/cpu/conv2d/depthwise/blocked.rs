@@ -108,6 +108,50 @@ impl Geometry {
     }
 }
 
+/// A layer's weights and bias as [`conv2d`] takes them.
+#[derive(Clone, Copy)]
+pub(super) enum Weights<'a> {
+    /// PyTorch's `[out_channels, 1, kh, kw]` weights and the bias: each task
+    /// packs its block's ([`pack_block`]).
+    Plain(&'a [f32], Option<&'a [f32]>),
+    /// Every block packed once, one after the other ([`pack_block`]'s
+    /// layout, `(taps + 1) * CB` elements a block).
+    Packed(&'a [f32]),
+}
+
+/// Block `ob` of `p`'s weights and bias as the loops read them: a vector of
+/// [`CB`] lanes per tap (`(ky, kx)` order), then the bias, into `dst`
+/// (`(taps + 1) * CB` elements). Lanes past the last channel (the last
+/// block of a layer) get zero weights and bias: in the blocked layout they
+/// are written, as zeros.
+pub(in crate::cpu::conv2d) fn pack_block(
+    p: &Conv2dParams,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    ob: usize,
+    dst: &mut [f32],
+) {
+    let ntaps = p.kernel_h * p.kernel_w;
+    let c0 = ob * CB;
+    let valid = CB.min(p.out_channels - c0);
+    let (wb, bb) = dst[..(ntaps + 1) * CB].split_at_mut(ntaps * CB);
+    for (t, w) in wb.chunks_exact_mut(CB).enumerate() {
+        for (l, w) in w.iter_mut().enumerate() {
+            *w = if l < valid {
+                weight[(c0 + l) * ntaps + t]
+            } else {
+                0.0
+            };
+        }
+    }
+    for (l, b) in bb.iter_mut().enumerate() {
+        *b = match bias {
+            Some(b) if l < valid => b[c0 + l],
+            _ => 0.0,
+        };
+    }
+}
+
 /// Depthwise convolution of `p` (depthwise, buffers already checked by the
 /// parent's `conv2d`) with input and output laid out as `io` says, with
 /// `fused` applied in registers (blocked only) and then `epilogue` to each
@@ -118,8 +162,7 @@ pub(super) fn conv2d(
     p: &Conv2dParams,
     io: Io,
     input: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
+    weights: Weights<'_>,
     output: &mut [f32],
     fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
@@ -168,8 +211,14 @@ pub(super) fn conv2d(
         (false, None) => geo.buf_len,
     };
     // Scratch: the input buffer (from a 64-byte boundary), then the block's
-    // weights `[tap][CB]` and bias.
-    let scratch_len = ALIGN + buf_len + (ntaps + 1) * CB;
+    // weights `[tap][CB]` and bias unless they come packed.
+    let block_weights = (ntaps + 1) * CB;
+    let scratch_len = ALIGN
+        + buf_len
+        + match weights {
+            Weights::Plain(..) => block_weights,
+            Weights::Packed(_) => 0,
+        };
     let plane_in = p.in_h * p.in_w;
     let mult = p.out_channels_per_group();
     let pixels = io.pixel_stride(p.out_channels);
@@ -191,26 +240,16 @@ pub(super) fn conv2d(
         };
         let skip = scratch.as_ptr().align_offset(64).min(ALIGN);
         let (buf, wb) = scratch[skip..].split_at_mut(buf_len);
-        let (wb, bb) = wb.split_at_mut(ntaps * CB);
+        let wb: &[f32] = match weights {
+            Weights::Packed(all) => &all[ob * block_weights..][..block_weights],
+            Weights::Plain(weight, bias) => {
+                pack_block(p, weight, bias, ob, wb);
+                wb
+            }
+        };
+        let (wb, bb) = wb[..block_weights].split_at(ntaps * CB);
         let c0 = ob * CB;
         let valid = CB.min(p.out_channels - c0);
-        // Lanes past `valid` (the last block of a layer) have zero weights
-        // and bias: in the blocked layout they are written, as zeros.
-        for (t, w) in wb.chunks_exact_mut(CB).enumerate() {
-            for (l, w) in w.iter_mut().enumerate() {
-                *w = if l < valid {
-                    weight[(c0 + l) * ntaps + t]
-                } else {
-                    0.0
-                };
-            }
-        }
-        for (l, b) in bb[..CB].iter_mut().enumerate() {
-            *b = match bias {
-                Some(b) if l < valid => b[c0 + l],
-                _ => 0.0,
-            };
-        }
         // The block's first input pixel and the distance between its pixels.
         let src = match io {
             Io::Nchw => {

@@ -129,7 +129,8 @@ pub fn conv2d<T: Float>(
     if blocked_applies() {
         let blocked =
             |x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32], e: Option<Epilogue<f32>>| {
-                blocked::conv2d(p, blocked::Io::Nchw, x, w, b, out, Default::default(), e)
+                let weights = blocked::Weights::Plain(w, b);
+                blocked::conv2d(p, blocked::Io::Nchw, x, weights, out, Default::default(), e)
             };
         if let Some(done) = super::with_f32(input, weight, bias, output, epilogue, blocked) {
             return done;
@@ -207,16 +208,59 @@ pub fn applies_blocked(p: &Conv2dParams) -> bool {
     applies(p) && p.out_channels == p.in_channels && crate::cpu::blocked::available()
 }
 
+/// Elements of [`pack_blocked`]'s output for `p`: per block of
+/// [`crate::cpu::blocked::BLOCK`] output channels, a vector per tap and one
+/// of bias. An overflowing size is an error.
+pub fn blocked_packed_len(p: &Conv2dParams) -> KernelResult<usize> {
+    let block = crate::cpu::blocked::BLOCK;
+    crate::alloc::checked_product(
+        "packed depthwise weights",
+        &[
+            p.out_channels.div_ceil(block),
+            p.kernel_h * p.kernel_w + 1,
+            block,
+        ],
+    )
+}
+
+/// `weight` (PyTorch's `[out_channels, 1, kh, kw]`) and `bias` packed for
+/// [`conv2d_blocked`] and [`conv2d_nhwc`] into `packed`
+/// ([`blocked_packed_len`] elements): once per layer, not per call (the
+/// per-call packing took a third of a 7x7 layer's time with 5x5 kernels).
+pub fn pack_blocked(
+    p: &Conv2dParams,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    packed: &mut [f32],
+) -> KernelResult<()> {
+    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    if let Some(b) = bias {
+        check_len("conv2d bias", b.len(), p.out_channels)?;
+    }
+    let len = blocked_packed_len(p)?;
+    check_len("packed depthwise weights", packed.len(), len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let block = len / p.out_channels.div_ceil(crate::cpu::blocked::BLOCK);
+    #[cfg(target_arch = "x86_64")]
+    for (ob, dst) in packed.chunks_exact_mut(block).enumerate() {
+        blocked::pack_block(p, weight, bias, ob, dst);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = block;
+    Ok(())
+}
+
 /// Depthwise convolution in the channel-blocked layout
 /// ([`crate::cpu::blocked`]): `input` and `output` are the blocked forms of
-/// the NCHW tensors, `weight` and `bias` as for [`conv2d`]; `fused` applies
-/// in registers, then `epilogue` (offsets in the blocked output). `p` must
-/// satisfy [`applies_blocked`].
+/// the NCHW tensors, `packed` the weights and bias ([`pack_blocked`]);
+/// `fused` applies in registers, then `epilogue` (offsets in the blocked
+/// output). `p` must satisfy [`applies_blocked`].
 pub fn conv2d_blocked(
     p: &Conv2dParams,
     input: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
+    packed: &[f32],
     output: &mut [f32],
     fused: crate::cpu::blocked::Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
@@ -232,10 +276,11 @@ pub fn conv2d_blocked(
         output.len(),
         blocked_len(p.batch, p.out_channels, p.out_h() * p.out_w())?,
     )?;
-    check_len("conv2d weight", weight.len(), p.weight_len())?;
-    if let Some(b) = bias {
-        check_len("conv2d bias", b.len(), p.out_channels)?;
-    }
+    check_len(
+        "packed depthwise weights",
+        packed.len(),
+        blocked_packed_len(p)?,
+    )?;
     if !applies_blocked(p) {
         return Err(crate::KernelError::Precondition {
             what: "the blocked depthwise convolution needs one output channel per input channel, a column stride of at most 4, AVX2 and FMA",
@@ -246,8 +291,7 @@ pub fn conv2d_blocked(
         p,
         blocked::Io::Blocked,
         input,
-        weight,
-        bias,
+        blocked::Weights::Packed(packed),
         output,
         fused,
         epilogue,
@@ -268,19 +312,22 @@ pub fn applies_nhwc(p: &Conv2dParams) -> bool {
 
 /// Depthwise convolution of channels-last (NHWC) input into channels-last
 /// output: `input` is `[batch][in_h][in_w][channels]`, `output`
-/// `[batch][out_h][out_w][channels]`, `weight` and `bias` as for
-/// [`conv2d`]. Read in place, with no transposes: PyTorch hands
+/// `[batch][out_h][out_w][channels]`, `packed` the weights and bias
+/// ([`pack_blocked`]). Read in place, with no transposes: PyTorch hands
 /// channels-last activations to swapped layers (ConvNeXt's blocks). `p`
 /// must satisfy [`applies_nhwc`].
 pub fn conv2d_nhwc(
     p: &Conv2dParams,
     input: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
+    packed: &[f32],
     output: &mut [f32],
 ) -> KernelResult<()> {
-    p.check_buffers(input.len(), bias.map(<[f32]>::len), output.len())?;
-    check_len("conv2d weight", weight.len(), p.weight_len())?;
+    p.check_buffers(input.len(), None, output.len())?;
+    check_len(
+        "packed depthwise weights",
+        packed.len(),
+        blocked_packed_len(p)?,
+    )?;
     if !applies_nhwc(p) {
         return Err(crate::KernelError::Precondition {
             what: "the channels-last depthwise convolution needs one output channel per input channel, a multiple of 8 channels, a column stride of at most 4, AVX2 and FMA",
@@ -291,8 +338,7 @@ pub fn conv2d_nhwc(
         p,
         blocked::Io::Nhwc,
         input,
-        weight,
-        bias,
+        blocked::Weights::Packed(packed),
         output,
         Default::default(),
         None,
@@ -557,7 +603,7 @@ mod tests {
             (fused, None),
         ] {
             let mut ob = vec![f32::NAN; rb.len()];
-            conv2d_blocked(p, &xb, &w, Some(&b), &mut ob, fused, epilogue).unwrap();
+            conv2d_blocked(p, &xb, &packed(p, &w, &b), &mut ob, fused, epilogue).unwrap();
             let cb = p.out_channels.div_ceil(8);
             for (i, v) in ob.iter().enumerate() {
                 let lane = (i % 8) + ((i / (8 * plane_out)) % cb) * 8;
@@ -596,7 +642,7 @@ mod tests {
         let (plane_in, plane_out) = (p.in_h * p.in_w, p.out_h() * p.out_w());
         let xt = channels_last(&x, p.in_channels, plane_in, false);
         let mut ot = vec![f32::NAN; p.output_len()];
-        conv2d_nhwc(p, &xt, &w, Some(&b), &mut ot).unwrap();
+        conv2d_nhwc(p, &xt, &packed(p, &w, &b), &mut ot).unwrap();
         let got = channels_last(&ot, p.out_channels, plane_out, true);
         for (i, (g, e)) in got.iter().zip(&want).enumerate() {
             assert!((g - e).abs() <= 1e-5, "{p:?} at {i}: {g} vs {e}");
@@ -626,6 +672,26 @@ mod tests {
         assert!(conv2d(&p, &x, &w[..36], None, &mut short, None).is_err());
         // Channels last takes whole blocks of 8 channels only.
         assert!(!applies_nhwc(&p));
-        assert!(conv2d_nhwc(&p, &x, &w[..36], None, &mut out).is_err());
+        let mut packed = vec![0f32; blocked_packed_len(&p).unwrap()];
+        pack_blocked(&p, &w[..36], None, &mut packed).unwrap();
+        assert!(conv2d_nhwc(&p, &x, &packed, &mut out).is_err());
+        // Packing checks its buffers.
+        assert!(pack_blocked(&p, &w[..35], None, &mut packed).is_err());
+        assert!(pack_blocked(&p, &w[..36], Some(&[0.0; 3]), &mut packed).is_err());
+        assert!(pack_blocked(&p, &w[..36], None, &mut packed[1..]).is_err());
+        if applies_blocked(&p) {
+            let mut ob = vec![0f32; 8 * 9];
+            let xb = vec![0f32; 8 * 25];
+            assert!(
+                conv2d_blocked(&p, &xb, &packed[1..], &mut ob, Default::default(), None).is_err()
+            );
+        }
+    }
+
+    /// The weights and bias of `p` packed for the blocked entry points.
+    fn packed(p: &Conv2dParams, w: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut packed = vec![f32::NAN; blocked_packed_len(p).unwrap()];
+        pack_blocked(p, w, Some(b), &mut packed).unwrap();
+        packed
     }
 }
