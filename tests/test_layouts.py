@@ -662,34 +662,39 @@ def test_a_channels_last_input_read_by_another_kernel_is_copied():
 
 
 @pytest.mark.parametrize(
-    "plane, k",
+    "plane, k, stride",
     [
-        ((7, 7), 3),
-        ((14, 14), 5),
-        ((15, 17), 3),
-        ((4, 4), 3),
-        ((7, 7), 7),
-        ((5, 60), 3),
-        ((3, 61), 5),
+        ((7, 7), 3, 1),
+        ((14, 14), 5, 1),
+        ((15, 17), 3, 1),
+        ((4, 4), 3, 1),
+        ((7, 7), 7, 1),
+        ((5, 60), 3, 1),
+        ((3, 61), 5, 1),
+        ((5, 60), 3, 2),
+        ((4, 113), 3, 2),
+        ((4, 64), 5, 2),
     ],
 )
-def test_stride1_depthwise_between_blocked_layers_matches_pytorch(plane, k):
+def test_depthwise_between_blocked_layers_matches_pytorch(plane, k, stride):
     # With AVX-512, stride-1 depthwise layers on blocks hold two pixels per
     # register: from a padded copy whose extra columns are computed and not
     # stored (7x7, 14x14, 15x17; not 4x4, too small, nor 7x7 with a 7x7
-    # kernel, too many extra columns), or in place on planes 56 and wider.
-    # 20 channels leave padding lanes; the skip and ReLU6 may fuse into the
+    # kernel, too many extra columns), or in place on planes 56 and wider,
+    # where 3-wide kernels of stride 2 do too (not 5-wide ones). 20 channels
+    # leave padding lanes; the skip (stride 1) and ReLU6 may fuse into the
     # depthwise kernel's stores.
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.expand = nn.Conv2d(12, 20, 1)
-            self.dw = nn.Conv2d(20, 20, k, padding=k // 2, groups=20)
+            self.dw = nn.Conv2d(20, 20, k, stride, padding=k // 2, groups=20)
             self.project = nn.Conv2d(20, 12, 1)
 
         def forward(self, x):
             y = nn.functional.relu6(self.expand(x))
-            return self.project(nn.functional.relu6(self.dw(y) + y))
+            z = self.dw(y)
+            return self.project(nn.functional.relu6(z + y if stride == 1 else z))
 
     net = _scaled(Net().eval())
     x = torch.randn(2, 12, *plane)

@@ -642,14 +642,15 @@ unsafe fn compute_direct(
                 fuse.store(op, orow + x * ps, pixel(x, y, kys.clone()));
             }
             let run = x_hi - x_lo;
-            if pairs && sw == 1 && ps == CB && run >= 2 * super::pairs::A && !kys.is_empty() {
+            let pair_stride = sw == 1 || (sw == 2 && kw == 3 && dw == 1);
+            if pairs && pair_stride && ps == CB && run >= 2 * super::pairs::A && !kys.is_empty() {
                 // The first interior pixel's read of tap (kys.start, 0).
-                let first = row(y, kys.start).offset((x_lo as isize - left) * CB as isize);
+                let first = row(y, kys.start).offset(((x_lo * sw) as isize - left) * CB as isize);
                 let (step, at) = (dh * p.in_w * CB, orow + x_lo * CB);
                 // SAFETY: AVX-512 (`pairs`); the run's taps are interior
                 // pixels of rows `kys`, `dh` input rows apart; its outputs
                 // are pixels of `out`.
-                super::pairs::row(first, step, kys, (kw, dw), wb, bb, (op, at), run, fuse);
+                super::pairs::row(first, step, kys, (kw, sw, dw), wb, bb, (op, at), run, fuse);
                 continue;
             }
             if run < R {

@@ -135,6 +135,37 @@ unsafe fn three_taps(acc: &mut [__m512; A], src: *const f32, w: *const f32) {
     }
 }
 
+/// [`three_taps`] for stride 2: pair `a` (output pixels `2a` and `2a + 1`)
+/// reads input pixels `4a + kx` and `4a + 2 + kx` from `src`, the low (tap
+/// 0), high (tap 1) and again low (tap 2, one load on) halves of two
+/// neighbouring aligned loads, gathered by one shuffle each. The last load
+/// reads its low half only: the pixel after it may lie past the input.
+///
+/// # Safety
+/// AVX-512F; `src` valid for reads of `(4 * A + 1) * CB` elements, `w` of
+/// `3 * CB`.
+#[inline(always)]
+unsafe fn three_taps_stride2(acc: &mut [__m512; A], src: *const f32, w: *const f32) {
+    // SAFETY: the caller's contract (the last load is masked to its low
+    // pixel, the `4 * A + 1`-th).
+    unsafe {
+        let w: [__m512; 3] = std::array::from_fn(|k| both_halves(w.add(k * CB)));
+        let load = |j: usize| match j {
+            j if j == 2 * A => _mm512_maskz_loadu_ps(0x00ff, src.add(j * PAIR)),
+            j => _mm512_loadu_ps(src.add(j * PAIR)),
+        };
+        for (a, s) in acc.iter_mut().enumerate() {
+            let (l0, l1, l2) = (load(2 * a), load(2 * a + 1), load(2 * a + 2));
+            let even = _mm512_shuffle_f32x4::<0b01_00_01_00>(l0, l1);
+            let odd = _mm512_shuffle_f32x4::<0b11_10_11_10>(l0, l1);
+            let next = _mm512_shuffle_f32x4::<0b01_00_01_00>(l1, l2);
+            *s = _mm512_fmadd_ps(w[0], even, *s);
+            *s = _mm512_fmadd_ps(w[1], odd, *s);
+            *s = _mm512_fmadd_ps(w[2], next, *s);
+        }
+    }
+}
+
 /// The block's output from its padded input buffer `buf` (packed for `p`,
 /// stride 1, from a 64-byte boundary, with one more pixel after it), `taps`
 /// the offsets of [`super::blocked`]'s geometry, `wb` a vector of weights per
@@ -200,7 +231,8 @@ pub(super) unsafe fn padded(
 }
 
 /// One output row's `n` interior pixels (`n >= 2 * A`, every tap inside the
-/// input) straight from the input, stride 1: `first` is the input pixel
+/// input) straight from the input, stride `sw` (1, or 2 for kernels 3 wide
+/// with no dilation, [`three_taps_stride2`]): `first` is the input pixel
 /// that tap `(kys.start, 0)` of the first pixel reads, `row_step` the
 /// elements from one tap row's input row to the next's; `wb` holds a vector
 /// of weights per tap (`(ky, kx)` order, `kw` a row), `bb` the bias. The
@@ -219,25 +251,29 @@ pub(super) unsafe fn row(
     first: *const f32,
     row_step: usize,
     kys: std::ops::Range<usize>,
-    (kw, dw): (usize, usize),
+    (kw, sw, dw): (usize, usize, usize),
     wb: &[f32],
     bb: &[f32],
     (out, at): (*mut f32, usize),
     n: usize,
     fuse: Fuse,
 ) {
-    debug_assert!(n >= 2 * A);
+    debug_assert!(n >= 2 * A && (sw == 1 || (sw == 2 && kw == 3 && dw == 1)));
     let wp = wb.as_ptr();
-    // SAFETY (whole body): pixel x0 + 2a (+1) of the run reads the tap
-    // rows' pixels x0 + 2a + kx * dw (+1), inside the input; stores are the
-    // run's pixels.
+    // SAFETY (whole body): pixel x of the run reads the tap rows' pixels
+    // x * sw + kx * dw, inside the input (the stride-2 loads' extra pixel
+    // is masked); stores are the run's pixels.
     unsafe {
         let bias = both_halves(bb.as_ptr());
         let mut x0 = 0;
         loop {
             let mut acc = [bias; A];
             for (i, ky) in kys.clone().enumerate() {
-                let base = first.add(i * row_step + x0 * CB);
+                let base = first.add(i * row_step + x0 * sw * CB);
+                if sw == 2 {
+                    three_taps_stride2(&mut acc, base, wp.add(ky * 3 * CB));
+                    continue;
+                }
                 if kw == 3 && dw == 1 {
                     three_taps(&mut acc, base, wp.add(ky * 3 * CB));
                     continue;
