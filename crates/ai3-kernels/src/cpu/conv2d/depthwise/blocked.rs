@@ -203,8 +203,6 @@ pub(super) fn conv2d(
         .then(|| super::pairs::plan(p, geo.pw))
         .flatten();
     let stores = stores.as_deref();
-    // Kernels 3 wide with no dilation share loads between their taps.
-    let three = p.kernel_w == 3 && p.dilation.1 == 1;
     // The pair loop reads one pixel past the padded buffer (into lanes it
     // does not store).
     let buf_len = match (direct, stores) {
@@ -287,7 +285,18 @@ pub(super) fn conv2d(
                 // a 64-byte boundary with a pixel to spare, `wb` and `bb` as
                 // below, `out` the block's blocked planes, `stores` the plan
                 // for `p`.
-                unsafe { super::pairs::padded(buf, &geo.taps, wb, bb, out, stores, fuse, three) }
+                unsafe {
+                    super::pairs::padded(
+                        buf,
+                        &geo.taps,
+                        wb,
+                        bb,
+                        out,
+                        stores,
+                        fuse,
+                        (p.kernel_w, p.dilation.1),
+                    )
+                }
             }
             (src, _) => {
                 if let Some((src, stride)) = src {

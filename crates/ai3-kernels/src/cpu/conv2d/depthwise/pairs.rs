@@ -106,36 +106,65 @@ unsafe fn both_halves(src: *const f32) -> __m512 {
     }
 }
 
-/// One tap row of a kernel 3 wide, dilation 1, into the sums of `A` pairs
-/// of pixels: `src` is where pair 0 reads tap 0, `w` the row's three
-/// weight vectors. Taps 0 and 2 of pair `a` are the pairs of pixels `a`
-/// and `a + 1` from `src`, tap 1 the middle of those two (one shuffle):
-/// `A + 1` aligned loads where one load per tap and pair would take `3 *
-/// A`, a third of them split across two cache lines (two threads: 384
-/// channels at 14x14 12.2 -> 9.6 us, 960 at 7x7 9.7 -> 7.5, 192 at 28x28
-/// 22.9 -> 17.6, 144 at 56x56 50.6 -> 40.9).
+/// One tap row of a kernel `K` wide (odd), dilation 1, into the sums of
+/// `A` pairs of pixels: `src` is where pair 0 reads tap 0, `w` the row's
+/// `K` weight vectors. Even taps `2m` of pair `a` are the pair of pixels
+/// `a + m` from `src`, odd taps the middle of pairs `a + m` and `a + m + 1`
+/// (one shuffle): `A + K / 2` aligned loads where one load per tap and pair
+/// would take `K * A`, half of them split across two cache lines. Two
+/// threads, 3x3: 384 channels at 14x14 12.2 -> 9.6 us, 960 at 7x7 9.7 ->
+/// 7.5, 192 at 28x28 22.9 -> 17.6, 144 at 56x56 50.6 -> 40.9; 5x5: 240 at
+/// 28x28 68 -> 45, 672 at 14x14 41 -> 27; 7x7: 96 at 56x56 194 -> 166, 240
+/// at 28x28 105 -> 76.
 ///
 /// # Safety
-/// AVX-512F; `src` valid for reads of `(A + 1) * PAIR` elements, `w` of
-/// `3 * CB`.
+/// AVX-512F; `src` valid for reads of `(A + K / 2) * PAIR` elements, `w` of
+/// `K * CB`.
 #[inline(always)]
-unsafe fn three_taps(acc: &mut [__m512; A], src: *const f32, w: *const f32) {
+unsafe fn row_taps<const K: usize>(acc: &mut [__m512; A], src: *const f32, w: *const f32) {
     // SAFETY: the caller's contract.
     unsafe {
-        let w: [__m512; 3] = std::array::from_fn(|k| both_halves(w.add(k * CB)));
-        let l: [__m512; A + 1] = std::array::from_fn(|a| _mm512_loadu_ps(src.add(a * PAIR)));
+        let w: [__m512; K] = std::array::from_fn(|k| both_halves(w.add(k * CB)));
+        let load = |j: usize| _mm512_loadu_ps(src.add(j * PAIR));
         for (a, s) in acc.iter_mut().enumerate() {
-            // Pixels 2a + 1 and 2a + 2: the high half of one load, the low
-            // half of the next.
-            let mid = _mm512_shuffle_f32x4::<0b01_00_11_10>(l[a], l[a + 1]);
-            *s = _mm512_fmadd_ps(w[0], l[a], *s);
-            *s = _mm512_fmadd_ps(w[1], mid, *s);
-            *s = _mm512_fmadd_ps(w[2], l[a + 1], *s);
+            for m in 0..K / 2 {
+                let (lo, hi) = (load(a + m), load(a + m + 1));
+                // Pixels 2(a + m) + 1 and 2(a + m) + 2: the high half of
+                // one load, the low half of the next.
+                let mid = _mm512_shuffle_f32x4::<0b01_00_11_10>(lo, hi);
+                *s = _mm512_fmadd_ps(w[2 * m], lo, *s);
+                *s = _mm512_fmadd_ps(w[2 * m + 1], mid, *s);
+            }
+            *s = _mm512_fmadd_ps(w[K - 1], load(a + K / 2), *s);
         }
     }
 }
 
-/// [`three_taps`] for stride 2: pair `a` (output pixels `2a` and `2a + 1`)
+/// Runs one tap row on [`row_taps`] when the kernel is 3, 5 or 7 wide with
+/// no dilation (arguments as there); whether it did.
+///
+/// # Safety
+/// As [`row_taps`].
+#[inline(always)]
+unsafe fn shared_row(
+    (kw, dw): (usize, usize),
+    acc: &mut [__m512; A],
+    src: *const f32,
+    w: *const f32,
+) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (kw, dw) {
+            (3, 1) => row_taps::<3>(acc, src, w),
+            (5, 1) => row_taps::<5>(acc, src, w),
+            (7, 1) => row_taps::<7>(acc, src, w),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// [`row_taps`] of a 3-wide kernel for stride 2: pair `a` (output pixels `2a` and `2a + 1`)
 /// reads input pixels `4a + kx` and `4a + 2 + kx` from `src`, the low (tap
 /// 0), high (tap 1) and again low (tap 2, one load on) halves of two
 /// neighbouring aligned loads, gathered by one shuffle each. The last load
@@ -170,8 +199,8 @@ unsafe fn three_taps_stride2(acc: &mut [__m512; A], src: *const f32, w: *const f
 /// stride 1, from a 64-byte boundary, with one more pixel after it), `taps`
 /// the offsets of [`super::blocked`]'s geometry, `wb` a vector of weights per
 /// tap and `bb` the bias: the output pixels' sums, through `fuse`, to `out`
-/// (blocked, `CB` elements a pixel), as `stores` ([`plan`]) says. `three`:
-/// the kernel is 3 wide with no dilation ([`three_taps`]).
+/// (blocked, `CB` elements a pixel), as `stores` ([`plan`]) says. The
+/// kernel is `kw` wide with dilation `dw` (taps in rows of `kw`).
 ///
 /// # Safety
 /// AVX-512F; `buf` holds the padded pixels plus one, `wb` `taps.len() * CB`
@@ -187,7 +216,7 @@ pub(super) unsafe fn padded(
     out: *mut f32,
     stores: &[PairStore],
     fuse: Fuse,
-    three: bool,
+    (kw, dw): (usize, usize),
 ) {
     let pairs = stores.len();
     debug_assert!(pairs >= A);
@@ -202,12 +231,12 @@ pub(super) unsafe fn padded(
             let first = g.min(pairs - A);
             let base = bp.add(first * PAIR);
             let mut acc = [bias; A];
-            if three {
-                for (r, offs) in taps.chunks_exact(3).enumerate() {
-                    three_taps(&mut acc, base.add(offs[0]), wp.add(3 * r * CB));
+            for (r, offs) in taps.chunks_exact(kw).enumerate() {
+                if shared_row((kw, dw), &mut acc, base.add(offs[0]), wp.add(kw * r * CB)) {
+                    continue;
                 }
-            } else {
-                for (t, &off) in taps.iter().enumerate() {
+                for (k, &off) in offs.iter().enumerate() {
+                    let t = r * kw + k;
                     let w = both_halves(wp.add(t * CB));
                     let src = base.add(off);
                     for (a, s) in acc.iter_mut().enumerate() {
@@ -237,8 +266,8 @@ pub(super) unsafe fn padded(
 /// elements from one tap row's input row to the next's; `wb` holds a vector
 /// of weights per tap (`(ky, kx)` order, `kw` a row), `bb` the bias. The
 /// sums go through `fuse` to the block's output `out.0`, from element
-/// `out.1` on (the first pixel's place, `CB` elements a pixel). Kernels 3
-/// wide with no dilation take [`three_taps`].
+/// `out.1` on (the first pixel's place, `CB` elements a pixel). Kernels 3,
+/// 5 or 7 wide with no dilation take [`row_taps`].
 ///
 /// # Safety
 /// AVX-512F; the `n + (kw - 1) * dw` pixels from `first` on each of the tap
@@ -274,8 +303,7 @@ pub(super) unsafe fn row(
                     three_taps_stride2(&mut acc, base, wp.add(ky * 3 * CB));
                     continue;
                 }
-                if kw == 3 && dw == 1 {
-                    three_taps(&mut acc, base, wp.add(ky * 3 * CB));
+                if shared_row((kw, dw), &mut acc, base, wp.add(ky * kw * CB)) {
                     continue;
                 }
                 for kx in 0..kw {
