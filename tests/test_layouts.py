@@ -679,8 +679,8 @@ def test_a_channels_last_input_read_by_another_kernel_is_copied():
 def test_depthwise_between_blocked_layers_matches_pytorch(plane, k, stride):
     # With AVX-512, stride-1 depthwise layers on blocks hold two pixels per
     # register: from a padded copy whose extra columns are computed and not
-    # stored (7x7, 14x14, 15x17; not 4x4, too small, nor 7x7 with a 7x7
-    # kernel, too many extra columns), or in place on planes 56 and wider,
+    # stored (7x7, 14x14, 15x17, 7x7 with a 7x7 kernel; not 4x4, too
+    # small), or in place on planes 56 and wider,
     # where 3-wide kernels of stride 2 do too (not 5-wide ones). 20 channels
     # leave padding lanes; the skip (stride 1) and ReLU6 may fuse into the
     # depthwise kernel's stores.

@@ -52,13 +52,16 @@ pub(super) struct PairStore {
 /// The store plan of [`padded`] for a stride-1 layer whose padded buffer is
 /// `pw` pixels wide: one entry per pair of grid pixels, up to the last
 /// output pixel (an even count of grid pixels). `None` when the layer is not
-/// stride 1, too small for one group of `2 * A` pixels, or its grid has more
-/// than a third more columns than its output (the AVX2 loop is then as fast
-/// or faster: 7x7 planes, 5x5 kernels 28.5 -> 31.1 us, 7x7 kernels 32.1 ->
-/// 36.1; 14x14 planes, 7x7 kernels 47.0 -> 46.7).
+/// stride 1, too small for one group of `2 * A` pixels, or, for kernels
+/// whose taps do not share loads ([`shares_loads`]), its grid has more than
+/// a third more columns than its output (the AVX2 loop is then as fast or
+/// faster: 7x7 planes, 5x5 kernels 28.5 -> 31.1 us, 7x7 kernels 32.1 ->
+/// 36.1, before loads were shared; with them, 16.7 and 20.0 against the
+/// AVX2 loop's 25.2 and 27.5).
 pub(super) fn plan(p: &Conv2dParams, pw: usize) -> Option<Vec<PairStore>> {
     let (oh, ow) = (p.out_h(), p.out_w());
-    if p.stride != (1, 1) || oh == 0 || ow == 0 || 3 * pw > 4 * ow {
+    let wide_grid = 3 * pw > 4 * ow && !shares_loads(p.kernel_w, p.dilation.1);
+    if p.stride != (1, 1) || oh == 0 || ow == 0 || wide_grid {
         return None;
     }
     // Grid pixels up to and including the last output pixel, rounded up.
@@ -140,8 +143,14 @@ unsafe fn row_taps<const K: usize>(acc: &mut [__m512; A], src: *const f32, w: *c
     }
 }
 
-/// Runs one tap row on [`row_taps`] when the kernel is 3, 5 or 7 wide with
-/// no dilation (arguments as there); whether it did.
+/// Whether a tap row of a kernel `kw` wide with dilation `dw` shares loads
+/// ([`row_taps`]): 3, 5 or 7 wide, no dilation.
+pub(super) fn shares_loads(kw: usize, dw: usize) -> bool {
+    dw == 1 && matches!(kw, 3 | 5 | 7)
+}
+
+/// Runs one tap row on [`row_taps`] when the kernel [`shares_loads`]
+/// (arguments as there); whether it did.
 ///
 /// # Safety
 /// As [`row_taps`].
@@ -376,7 +385,14 @@ mod tests {
             ..params(14, 14, 3, 1)
         };
         assert_eq!(plan(&strided, strided.padded_w()), None);
-        // 7x7 outputs of a 5x5 kernel: an 11-wide grid.
-        assert_eq!(plan(&params(7, 7, 5, 2), 11), None);
+        // 7x7 outputs of a 5x5 kernel: an 11-wide grid, taken as its taps
+        // share loads; with a dilation of 2 (a 15-wide grid) they do not.
+        assert!(plan(&params(7, 7, 5, 2), 11).is_some());
+        let dilated = Conv2dParams {
+            dilation: (2, 2),
+            padding: crate::params::Padding2d::symmetric(4, 4),
+            ..params(7, 7, 5, 2)
+        };
+        assert_eq!(plan(&dilated, dilated.padded_w()), None);
     }
 }
