@@ -10,6 +10,10 @@
 //! the fused epilogue then runs once on the block's planes while they are in
 //! cache.
 //!
+//! With AVX-512, blocked output of stride-1 layers (and 3-wide stride-2
+//! rows read in place) holds two pixels per zmm register instead
+//! ([`super::pairs`]).
+//!
 //! Against the plane-by-plane path of the parent module (one thread,
 //! mobilenet_v2, efficientnet_b0 and convnext_tiny shapes, with ReLU6):
 //! 960 channels 3x3 at 7x7 80 -> 44 us; 576 at 14x14 3x3 stride 2
@@ -196,8 +200,10 @@ pub(super) fn conv2d(
     // the input: their scratch is the weights alone, not hundreds of KB
     // allocated and zeroed per task batch (a 112x112 plane: 406 KB).
     let direct = io != Io::Nchw && p.in_w >= DIRECT_MIN_WIDTH;
-    // Stride-1 layers with blocked output take AVX-512's two pixels a
-    // register; from the padded buffer, as the plan of their stores says.
+    // Blocked output with AVX-512 takes two pixels a register
+    // (`super::pairs`): stride-1 layers from the padded buffer, as the plan
+    // of their stores says, and stride-1 (and 3-wide stride-2) rows read in
+    // place.
     let pairs = io == Io::Blocked && crate::isa::avx512();
     let stores = (pairs && !direct)
         .then(|| super::pairs::plan(p, geo.pw))
