@@ -207,6 +207,17 @@ impl Conv2dParams {
         }
         Ok(())
     }
+
+    /// Checks that a weight in PyTorch's layout (`[out_channels,
+    /// in_channels / groups, kh, kw]`) and a bias have this layer's
+    /// lengths: what every packer of prepared weights checks first.
+    pub fn check_weights(&self, weight_len: usize, bias_len: Option<usize>) -> KernelResult<()> {
+        check_len("conv2d weight", weight_len, self.weight_len())?;
+        if let Some(b) = bias_len {
+            check_len("conv2d bias", b, self.out_channels)?;
+        }
+        Ok(())
+    }
 }
 
 /// Output length of a pooling window along one axis, PyTorch's rule: with

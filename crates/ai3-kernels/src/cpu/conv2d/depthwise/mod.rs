@@ -233,10 +233,7 @@ pub fn pack_blocked(
     bias: Option<&[f32]>,
     packed: &mut [f32],
 ) -> KernelResult<()> {
-    check_len("conv2d weight", weight.len(), p.weight_len())?;
-    if let Some(b) = bias {
-        check_len("conv2d bias", b.len(), p.out_channels)?;
-    }
+    p.check_weights(weight.len(), bias.map(<[f32]>::len))?;
     let len = blocked_packed_len(p)?;
     check_len("packed depthwise weights", packed.len(), len)?;
     if len == 0 {

@@ -70,10 +70,7 @@ pub fn pack(
     bias: Option<&[f32]>,
     packed: &mut [f32],
 ) -> KernelResult<()> {
-    check_len("conv2d weight", weight.len(), p.weight_len())?;
-    if let Some(b) = bias {
-        check_len("conv2d bias", b.len(), p.out_channels)?;
-    }
+    p.check_weights(weight.len(), bias.map(<[f32]>::len))?;
     check_len(
         "packed blocked direct weights",
         packed.len(),

@@ -199,10 +199,7 @@ fn pack_for<T: Float>(
             return blocked::pack(p, w, b, d);
         }
     }
-    check_len("conv2d weight", weight.len(), p.weight_len())?;
-    if let Some(b) = bias {
-        check_len("conv2d bias", b.len(), p.out_channels)?;
-    }
+    p.check_weights(weight.len(), bias.map(<[T]>::len))?;
     check_len(
         "packed direct weights",
         packed.len(),

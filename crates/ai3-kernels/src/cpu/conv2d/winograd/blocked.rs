@@ -85,10 +85,7 @@ pub fn pack(
             what: "the blocked Winograd convolution needs one group",
         });
     }
-    check_len("conv2d weight", weight.len(), p.weight_len())?;
-    if let Some(b) = bias {
-        check_len("conv2d bias", b.len(), p.out_channels)?;
-    }
+    p.check_weights(weight.len(), bias.map(<[f32]>::len))?;
     check_len(
         "packed blocked Winograd weights",
         packed.len(),
