@@ -116,44 +116,11 @@ impl Geometry {
 #[derive(Clone, Copy)]
 pub(super) enum Weights<'a> {
     /// PyTorch's `[out_channels, 1, kh, kw]` weights and the bias: each task
-    /// packs its block's ([`pack_block`]).
+    /// packs its block's ([`super::pack_block`]).
     Plain(&'a [f32], Option<&'a [f32]>),
-    /// Every block packed once, one after the other ([`pack_block`]'s
+    /// Every block packed once, one after the other ([`super::pack_block`]'s
     /// layout, `(taps + 1) * CB` elements a block).
     Packed(&'a [f32]),
-}
-
-/// Block `ob` of `p`'s weights and bias as the loops read them: a vector of
-/// [`CB`] lanes per tap (`(ky, kx)` order), then the bias, into `dst`
-/// (`(taps + 1) * CB` elements). Lanes past the last channel (the last
-/// block of a layer) get zero weights and bias: in the blocked layout they
-/// are written, as zeros.
-pub(in crate::cpu::conv2d) fn pack_block(
-    p: &Conv2dParams,
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    ob: usize,
-    dst: &mut [f32],
-) {
-    let ntaps = p.kernel_h * p.kernel_w;
-    let c0 = ob * CB;
-    let valid = CB.min(p.out_channels - c0);
-    let (wb, bb) = dst[..(ntaps + 1) * CB].split_at_mut(ntaps * CB);
-    for (t, w) in wb.chunks_exact_mut(CB).enumerate() {
-        for (l, w) in w.iter_mut().enumerate() {
-            *w = if l < valid {
-                weight[(c0 + l) * ntaps + t]
-            } else {
-                0.0
-            };
-        }
-    }
-    for (l, b) in bb.iter_mut().enumerate() {
-        *b = match bias {
-            Some(b) if l < valid => b[c0 + l],
-            _ => 0.0,
-        };
-    }
 }
 
 /// Depthwise convolution of `p` (depthwise, buffers already checked by the
@@ -249,7 +216,7 @@ pub(super) fn conv2d(
         let wb: &[f32] = match weights {
             Weights::Packed(all) => &all[ob * block_weights..][..block_weights],
             Weights::Plain(weight, bias) => {
-                pack_block(p, weight, bias, ob, wb);
+                super::pack_block(p, weight, bias, ob, wb);
                 wb
             }
         };

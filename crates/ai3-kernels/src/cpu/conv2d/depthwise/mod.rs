@@ -240,13 +240,38 @@ pub fn pack_blocked(
         return Ok(());
     }
     let block = len / p.out_channels.div_ceil(crate::cpu::blocked::BLOCK);
-    #[cfg(target_arch = "x86_64")]
     for (ob, dst) in packed.chunks_exact_mut(block).enumerate() {
-        blocked::pack_block(p, weight, bias, ob, dst);
+        pack_block(p, weight, bias, ob, dst);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = block;
     Ok(())
+}
+
+/// Block `ob` of `p`'s weights and bias as the blocked loops read them: a
+/// vector of [`crate::cpu::blocked::BLOCK`] lanes per tap (`(ky, kx)`
+/// order), then the bias, into `dst` (`(taps + 1) * BLOCK` elements).
+/// Lanes past the last channel (the last block of a layer) get zero
+/// weights and bias: in the blocked layout they are written, as zeros.
+fn pack_block(p: &Conv2dParams, weight: &[f32], bias: Option<&[f32]>, ob: usize, dst: &mut [f32]) {
+    const CB: usize = crate::cpu::blocked::BLOCK;
+    let ntaps = p.kernel_h * p.kernel_w;
+    let c0 = ob * CB;
+    let valid = CB.min(p.out_channels - c0);
+    let (wb, bb) = dst[..(ntaps + 1) * CB].split_at_mut(ntaps * CB);
+    for (t, w) in wb.chunks_exact_mut(CB).enumerate() {
+        for (l, w) in w.iter_mut().enumerate() {
+            *w = if l < valid {
+                weight[(c0 + l) * ntaps + t]
+            } else {
+                0.0
+            };
+        }
+    }
+    for (l, b) in bb.iter_mut().enumerate() {
+        *b = match bias {
+            Some(b) if l < valid => b[c0 + l],
+            _ => 0.0,
+        };
+    }
 }
 
 /// Depthwise convolution in the channel-blocked layout
@@ -686,6 +711,7 @@ mod tests {
     }
 
     /// The weights and bias of `p` packed for the blocked entry points.
+    #[cfg(target_arch = "x86_64")]
     fn packed(p: &Conv2dParams, w: &[f32], b: &[f32]) -> Vec<f32> {
         let mut packed = vec![f32::NAN; blocked_packed_len(p).unwrap()];
         pack_blocked(p, w, Some(b), &mut packed).unwrap();
