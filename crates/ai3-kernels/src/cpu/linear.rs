@@ -230,6 +230,9 @@ mod tests {
             // row blocks than tasks wanted, few panels for many groups.
             (196, 50, 130),
             (1000, 20, 70),
+            // More rows than one block of MB, fewer than the features: one
+            // block of every row, over several reduction blocks.
+            (150, 600, 200),
             (5, 10, 300),
             // One and two rows (the reduction split in interleaved parts,
             // with a remainder), full and partial panels, one long stream.
