@@ -406,7 +406,14 @@ impl Conv2d {
         let done = match algorithm {
             Algorithm::Direct if depthwise::applies(p) => {
                 fused = true;
-                depthwise::conv2d(p, x, w, b, out, Some(&epilogue))
+                // f32 on channel blocks: the weights packed once per layer.
+                let packed =
+                    if self.weight.dtype() == crate::DType::F32 && depthwise::reads_packed(p) {
+                        Some(self.depthwise_packed(p, context)?)
+                    } else {
+                        None
+                    };
+                depthwise::conv2d(p, x, w, b, packed, out, Some(&epilogue))
             }
             Algorithm::Direct => {
                 let len = kernel_result(OP, direct::packed_len::<T>(p), context)?;

@@ -112,19 +112,9 @@ impl Geometry {
     }
 }
 
-/// A layer's weights and bias as [`conv2d`] takes them.
-#[derive(Clone, Copy)]
-pub(super) enum Weights<'a> {
-    /// PyTorch's `[out_channels, 1, kh, kw]` weights and the bias: each task
-    /// packs its block's ([`super::pack_block`]).
-    Plain(&'a [f32], Option<&'a [f32]>),
-    /// Every block packed once, one after the other ([`super::pack_block`]'s
-    /// layout, `(taps + 1) * CB` elements a block).
-    Packed(&'a [f32]),
-}
-
 /// Depthwise convolution of `p` (depthwise, buffers already checked by the
-/// parent's `conv2d`) with input and output laid out as `io` says, with
+/// parent's `conv2d`) with input and output laid out as `io` says, the
+/// weights as [`super::pack_blocked`] packs them, with
 /// `fused` applied in registers (blocked only) and then `epilogue` to each
 /// block's output (offsets in that layout). Needs [`available`]; a refused
 /// scratch allocation fails the call.
@@ -133,7 +123,7 @@ pub(super) fn conv2d(
     p: &Conv2dParams,
     io: Io,
     input: &[f32],
-    weights: Weights<'_>,
+    packed: &[f32],
     output: &mut [f32],
     fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
@@ -183,15 +173,10 @@ pub(super) fn conv2d(
         (false, Some(_)) => geo.buf_len + CB,
         (false, None) => geo.buf_len,
     };
-    // Scratch: the input buffer (from a 64-byte boundary), then the block's
-    // weights `[tap][CB]` and bias unless they come packed.
+    // Scratch: the input buffer (from a 64-byte boundary). The weights
+    // come packed, `[tap][CB]` and the bias per block.
     let block_weights = (ntaps + 1) * CB;
-    let scratch_len = ALIGN
-        + buf_len
-        + match weights {
-            Weights::Plain(..) => block_weights,
-            Weights::Packed(_) => 0,
-        };
+    let scratch_len = ALIGN + buf_len;
     let plane_in = p.in_h * p.in_w;
     let mult = p.out_channels_per_group();
     let pixels = io.pixel_stride(p.out_channels);
@@ -212,15 +197,8 @@ pub(super) fn conv2d(
             clamp: fused.clamp,
         };
         let skip = scratch.as_ptr().align_offset(64).min(ALIGN);
-        let (buf, wb) = scratch[skip..].split_at_mut(buf_len);
-        let wb: &[f32] = match weights {
-            Weights::Packed(all) => &all[ob * block_weights..][..block_weights],
-            Weights::Plain(weight, bias) => {
-                super::pack_block(p, weight, bias, ob, wb);
-                wb
-            }
-        };
-        let (wb, bb) = wb[..block_weights].split_at(ntaps * CB);
+        let buf = &mut scratch[skip..][..buf_len];
+        let (wb, bb) = packed[ob * block_weights..][..block_weights].split_at(ntaps * CB);
         let c0 = ob * CB;
         let valid = CB.min(p.out_channels - c0);
         // The block's first input pixel and the distance between its pixels.

@@ -107,6 +107,11 @@ impl Layout {
 /// Depthwise 2-D convolution (see the [module contract](super)), with
 /// `epilogue` applied to each output plane. `p` must satisfy [`applies`].
 ///
+/// `packed`: for f32 layers where [`reads_packed`] holds, the weights and
+/// bias as [`pack_blocked`] packs them, kept by the caller (packed once per
+/// layer); without them such a call packs them itself. Other calls ignore
+/// it.
+///
 /// Fails, before writing anything, when a buffer has the wrong length or `p`
 /// is not depthwise; a refused scratch allocation fails the call (some
 /// planes may then have been written).
@@ -115,6 +120,7 @@ pub fn conv2d<T: Float>(
     input: &[T],
     weight: &[T],
     bias: Option<&[T]>,
+    packed: Option<&[f32]>,
     output: &mut [T],
     epilogue: Option<Epilogue<T>>,
 ) -> KernelResult<()> {
@@ -125,12 +131,29 @@ pub fn conv2d<T: Float>(
             what: "depthwise convolution needs one input channel per group and a column stride of at most 4",
         });
     }
+    if let Some(packed) = packed {
+        check_len(
+            "packed depthwise weights",
+            packed.len(),
+            blocked_packed_len(p)?,
+        )?;
+    }
     #[cfg(target_arch = "x86_64")]
     if blocked_applies() {
         let blocked =
             |x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32], e: Option<Epilogue<f32>>| {
-                let weights = blocked::Weights::Plain(w, b);
-                blocked::conv2d(p, blocked::Io::Nchw, x, weights, out, Default::default(), e)
+                let own;
+                let packed = match packed {
+                    Some(packed) => packed,
+                    None => {
+                        let mut v =
+                            try_zeroed_vec(blocked_packed_len(p)?, "packed depthwise weights")?;
+                        pack_blocked(p, w, b, &mut v)?;
+                        own = v;
+                        &own[..]
+                    }
+                };
+                blocked::conv2d(p, blocked::Io::Nchw, x, packed, out, Default::default(), e)
             };
         if let Some(done) = super::with_f32(input, weight, bias, output, epilogue, blocked) {
             return done;
@@ -313,7 +336,7 @@ pub fn conv2d_blocked(
         p,
         blocked::Io::Blocked,
         input,
-        blocked::Weights::Packed(packed),
+        packed,
         output,
         fused,
         epilogue,
@@ -360,13 +383,27 @@ pub fn conv2d_nhwc(
         p,
         blocked::Io::Nhwc,
         input,
-        blocked::Weights::Packed(packed),
+        packed,
         output,
         Default::default(),
         None,
     );
     #[cfg(not(target_arch = "x86_64"))]
     Ok(())
+}
+
+/// Whether [`conv2d`] runs `p`, in f32, on channel blocks and so reads the
+/// weights [`pack_blocked`] packs (which its caller may keep).
+pub fn reads_packed(p: &Conv2dParams) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        applies(p) && blocked_applies()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = p;
+        false
+    }
 }
 
 /// Whether f32 layers run on channel blocks ([`blocked`]) rather than plane
@@ -578,10 +615,27 @@ mod tests {
                 *v = (*v + r(at + i)).max(T::zero());
             }
         };
-        conv2d(p, &x, &w, Some(&b), &mut got, Some(&relu)).unwrap();
-        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-            let d = (*g - *e).abs().to_f64().unwrap();
-            assert!(d <= tol, "{p:?} at {i}: {g:?} vs {e:?}");
+        conv2d(p, &x, &w, Some(&b), None, &mut got, Some(&relu)).unwrap();
+        let compare = |got: &[T]| {
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                let d = (*g - *e).abs().to_f64().unwrap();
+                assert!(d <= tol, "{p:?} at {i}: {g:?} vs {e:?}");
+            }
+        };
+        compare(&got);
+        // f32 on channel blocks again, with the weights packed beforehand
+        // (as the op keeps them).
+        if let (Some(w32), Some(b32)) = (crate::float::as_f32(&w), crate::float::as_f32(&b)) {
+            if reads_packed(p) {
+                let mut packed = vec![f32::NAN; blocked_packed_len(p).unwrap()];
+                pack_blocked(p, w32, Some(b32), &mut packed).unwrap();
+                got.fill(T::nan());
+                conv2d(p, &x, &w, Some(&b), Some(&packed), &mut got, Some(&relu)).unwrap();
+                compare(&got);
+                // A packed buffer of the wrong length is refused.
+                let short = &packed[..packed.len() - 1];
+                assert!(conv2d(p, &x, &w, Some(&b), Some(short), &mut got, None).is_err());
+            }
         }
     }
 
@@ -688,10 +742,10 @@ mod tests {
         };
         let (x, w) = (vec![0f32; 100], vec![0f32; 4 * 2 * 9]);
         let mut out = vec![0f32; 4 * 9];
-        assert!(conv2d(&p, &x, &w, None, &mut out, None).is_err());
+        assert!(conv2d(&p, &x, &w, None, None, &mut out, None).is_err());
         let p = Conv2dParams { groups: 4, ..p };
         let mut short = vec![0f32; 3];
-        assert!(conv2d(&p, &x, &w[..36], None, &mut short, None).is_err());
+        assert!(conv2d(&p, &x, &w[..36], None, None, &mut short, None).is_err());
         // Channels last takes whole blocks of 8 channels only.
         assert!(!applies_nhwc(&p));
         let mut packed = vec![0f32; blocked_packed_len(&p).unwrap()];
