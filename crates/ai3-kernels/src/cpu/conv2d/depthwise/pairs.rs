@@ -69,14 +69,22 @@ pub(super) fn plan(p: &Conv2dParams, pw: usize) -> Option<Vec<PairStore>> {
     if pixels < 2 * A || u32::try_from(oh * ow).is_err() {
         return None;
     }
-    let output = |q: usize| {
-        let (y, x) = (q / pw, q % pw);
-        (y < oh && x < ow).then_some(y * ow + x)
+    // The output pixel of each grid pixel in turn, walked without a
+    // division per pixel: the plan is built on every call, before the
+    // blocks' tasks start (a 28x28 plane: 419 pairs).
+    let (mut y, mut x) = (0, 0);
+    let mut output = || {
+        let at = (y < oh && x < ow).then_some(y * ow + x);
+        x += 1;
+        if x == pw {
+            (y, x) = (y + 1, 0);
+        }
+        at
     };
-    let stores = (0..pixels)
-        .step_by(2)
-        .map(|q| {
-            let (at, mask) = match (output(q), output(q + 1)) {
+    let stores = (0..pixels / 2)
+        .map(|_| {
+            let (lo, hi) = (output(), output());
+            let (at, mask) = match (lo, hi) {
                 (Some(a), b) => {
                     // Both output pixels: neighbours in the output as well
                     // (the same row, or rows with no extra columns).
@@ -364,6 +372,7 @@ mod tests {
             (14, 14, 5, 2),
             (9, 5, 1, 0),
             (5, 9, 3, 0),
+            (28, 28, 3, 1),
         ] {
             let p = params(h, w, k, pad);
             let pw = p.padded_w();
