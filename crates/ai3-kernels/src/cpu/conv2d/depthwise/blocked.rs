@@ -166,11 +166,18 @@ pub(super) fn conv2d(
         .then(|| super::pairs::plan(p, geo.pw))
         .flatten();
     let stores = stores.as_deref();
-    // The pair loop reads one pixel past the padded buffer (into lanes it
-    // does not store).
+    // Stride 2 from the padded buffer, a row's pairs at a time.
+    let stride2 = pairs
+        && !direct
+        && p.stride == (2, 2)
+        && super::pairs::pairs_stride2(p.kernel_w, p.dilation.1)
+        && p.dilation.0 == 1;
+    // The pair loops read one pixel (stride 1) or two (stride 2) past the
+    // padded buffer (into lanes they do not store).
     let buf_len = match (direct, stores) {
         (true, _) => 0,
         (false, Some(_)) => geo.buf_len + CB,
+        (false, None) if stride2 => geo.buf_len + 2 * CB,
         (false, None) => geo.buf_len,
     };
     // Scratch: the input buffer (from a 64-byte boundary). The weights
@@ -248,6 +255,14 @@ pub(super) fn conv2d(
                         (p.kernel_w, p.dilation.1),
                     )
                 }
+            }
+            (Some((src, stride)), None) if stride2 => {
+                pack_pixels(p, geo.pw, src, stride, buf);
+                // SAFETY: AVX-512 (`stride2` only then); `buf` is packed
+                // with two pixels to spare, `wb` and `bb` as below, `out`
+                // the block's blocked planes; `p` is stride 2 with a kernel
+                // the pairs take.
+                unsafe { super::pairs::padded_stride2(p, buf, geo.pw, wb, bb, out, fuse) }
             }
             (src, _) => {
                 if let Some((src, stride)) = src {
@@ -602,7 +617,7 @@ unsafe fn compute_direct(
                 fuse.store(op, orow + x * ps, pixel(x, y, kys.clone()));
             }
             let run = x_hi - x_lo;
-            let pair_stride = sw == 1 || (sw == 2 && kw == 3 && dw == 1);
+            let pair_stride = sw == 1 || (sw == 2 && super::pairs::pairs_stride2(kw, dw));
             if pairs && pair_stride && ps == CB && run >= 2 * super::pairs::A && !kys.is_empty() {
                 // The first interior pixel's read of tap (kys.start, 0).
                 let first = row(y, kys.start).offset(((x_lo * sw) as isize - left) * CB as isize);
