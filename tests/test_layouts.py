@@ -674,6 +674,10 @@ def test_a_channels_last_input_read_by_another_kernel_is_copied():
         ((5, 60), 3, 2),
         ((4, 113), 3, 2),
         ((4, 64), 5, 2),
+        ((14, 14), 3, 2),
+        ((13, 27), 5, 2),
+        ((7, 7), 3, 2),
+        ((6, 9), 7, 2),
     ],
 )
 def test_depthwise_between_blocked_layers_matches_pytorch(plane, k, stride):
@@ -681,9 +685,11 @@ def test_depthwise_between_blocked_layers_matches_pytorch(plane, k, stride):
     # register: from a padded copy whose extra columns are computed and not
     # stored (7x7, 14x14, 15x17, 7x7 with a 7x7 kernel; not 4x4, too
     # small), or in place on planes 56 and wider,
-    # where 3-wide kernels of stride 2 do too (not 5-wide ones). 20 channels
-    # leave padding lanes; the skip (stride 1) and ReLU6 may fuse into the
-    # depthwise kernel's stores.
+    # where 3- and 5-wide kernels of stride 2 do too; narrower planes of
+    # stride 2 run those kernels from a padded copy, a row's pairs at a time
+    # (14x14, 13x27 with odd output widths, 7x7; a 7-wide kernel stays on
+    # AVX2). 20 channels leave padding lanes; the skip (stride 1) and ReLU6
+    # may fuse into the depthwise kernel's stores.
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
