@@ -109,8 +109,8 @@ impl Layout {
 ///
 /// `packed`: for f32 layers where [`reads_packed`] holds, the weights and
 /// bias as [`pack_blocked`] packs them, kept by the caller (packed once per
-/// layer); without them such a call packs them itself. Other calls ignore
-/// it.
+/// layer); without them such a call packs them itself. Other calls do not
+/// read it; a buffer of the wrong length is refused all the same.
 ///
 /// Fails, before writing anything, when a buffer has the wrong length or `p`
 /// is not depthwise; a refused scratch allocation fails the call (some
