@@ -210,6 +210,16 @@ pub(crate) unsafe fn clamp(v: __m256, lo: __m256, hi: __m256) -> __m256 {
     unsafe { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) }
 }
 
+/// [`clamp`] on a zmm vector (two blocks, or two pixels of one block).
+///
+/// # Safety
+/// AVX-512F.
+#[inline(always)]
+pub(crate) unsafe fn clamp512(v: __m512, lo: __m512, hi: __m512) -> __m512 {
+    // SAFETY: register-only AVX-512F operations.
+    unsafe { _mm512_min_ps(hi, _mm512_max_ps(lo, v)) }
+}
+
 /// The AVX2 tile for `OB` blocks by `P` pixels, unrolled.
 #[allow(clippy::needless_range_loop)]
 #[inline]
@@ -351,8 +361,7 @@ unsafe fn store_blocked512<const P: usize>(
         if let Some((l, h)) = t.clamp {
             let (l, h) = (_mm512_set1_ps(l), _mm512_set1_ps(h));
             for a in acc.iter_mut() {
-                // NaN kept, as in `clamp`.
-                *a = _mm512_min_ps(h, _mm512_max_ps(l, *a));
+                *a = clamp512(*a, l, h);
             }
         }
         let (out_lo, out_hi) = (t.out.add(lo * t.out_block), t.out.add(hi * t.out_block));

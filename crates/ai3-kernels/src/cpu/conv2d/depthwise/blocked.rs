@@ -362,9 +362,8 @@ impl Fuse {
                 v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, self.residual.add(at)));
             }
             if let Some((lo, hi)) = self.clamp {
-                // `max` and `min` return their second operand on NaN: NaN
-                // passes through, as in PyTorch.
-                v = _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
+                let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+                v = crate::cpu::blocked::tile::clamp512(v, lo, hi);
             }
             _mm512_mask_storeu_ps(out.add(at), mask, v);
         }
