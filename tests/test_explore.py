@@ -539,7 +539,9 @@ def test_auto_times_layers_whose_weights_are_inputs():
     assert_close(now(x, w), expected)
     later = ai3.convert(_RuntimeWeight(), {"conv2d": "auto"})
     assert_close(later(x, w), expected)
-    assert later.plan().algorithms() == now.plan().algorithms()
+    # The same measurements, from the cache (the network check, timed again
+    # for each model, may put 'default''s choice back in one of them).
+    assert measured(later) == measured(now)
 
 
 def test_auto_with_an_empty_batch():
