@@ -465,9 +465,15 @@ fn fill<T: Float>(p: &Conv2dParams, layout: &Layout, src: &[T], copy: &mut [T]) 
             }
             continue;
         }
-        // One phase at a time: a strided read into a unit-stride write.
-        for phase in 0..sw.min(p.in_w) {
+        // One phase at a time: a strided read into a unit-stride write. A
+        // row narrower than the stride leaves some phases empty, and not
+        // always the last ones (2 columns after 1 of padding, stride 3:
+        // phases 1 and 2).
+        for phase in 0..sw {
             let x0 = (phase + sw - left % sw) % sw;
+            if x0 >= p.in_w {
+                continue;
+            }
             let dst = &mut copy[base + phase * sub_len + (left + x0) / sw..];
             for (d, &v) in dst.iter_mut().zip(row[x0..].iter().step_by(sw)) {
                 *d = v;
@@ -530,6 +536,7 @@ mod tests {
             (1, 1, 1, (0, 0, 0, 0)),
             (7, 1, 1, (3, 3, 3, 3)),
             (3, 2, 1, (0, 1, 0, 1)),
+            (5, 1, 1, (2, 1, 0, 2)),
         ] {
             for &(h, w, c) in &[
                 (7, 7, 3),
@@ -539,6 +546,10 @@ mod tests {
                 (14, 14, 3),
                 (37, 41, 9), // a larger plane of odd sizes
                 (5, 60, 11), // wide enough to read blocked input in place
+                // Rows of 1 to 6 output pixels.
+                (6, 3, 3),
+                (5, 6, 3),
+                (3, 2, 3),
             ] {
                 for &mult in &[1, 2] {
                     let p = Conv2dParams {
