@@ -574,6 +574,9 @@ CHANNELS_LAST = {
     "depthwise7x7": (_conv(16, 16, 7, padding=3, groups=16), (9, 11), BLOCKED),
     "depthwise_stride2_wide": (_conv(8, 8, 3, stride=2, padding=1, groups=8), (7, 60), BLOCKED),
     "depthwise_no_bias": (_conv(24, 24, 5, padding=2, groups=24, bias=False), (6, 5), BLOCKED),
+    # Two groups of 80 channels on AVX-512, rows of 5 and of 8 pixels and more.
+    "depthwise_160_5x5": (_conv(160, 160, 5, padding=2, groups=160), (6, 5), BLOCKED),
+    "depthwise_160_3x3": (_conv(160, 160, 3, padding=1, groups=160), (4, 21), BLOCKED),
     "depthwise_12_channels": (_conv(12, 12, 3, padding=1, groups=12), (9, 11), False),
     "depthwise_f64": (_conv(16, 16, 3, torch.float64, padding=1, groups=16), (9, 11), False),
     "depthwise_multiplier2": (_conv(8, 16, 3, padding=1, groups=8), (9, 11), False),

@@ -19,11 +19,16 @@
 //! still in cache. The multiplier's output planes of one input channel share
 //! its copy.
 //!
+//! Channels-last (NHWC) input runs 16 channels a register on AVX-512 for
+//! stride 1 ([`nhwc`]), else on the 8-channel blocks in place.
+//!
 //! These loops are plain Rust compiled once per [ISA level](crate::isa), so
 //! they run on 16 (AVX-512), 8 (AVX2) or the baseline's lanes.
 
 #[cfg(target_arch = "x86_64")]
 mod blocked;
+#[cfg(target_arch = "x86_64")]
+mod nhwc;
 #[cfg(target_arch = "x86_64")]
 mod pairs;
 
@@ -379,6 +384,10 @@ pub fn conv2d_nhwc(
         });
     }
     #[cfg(target_arch = "x86_64")]
+    if nhwc::applies(p) {
+        return nhwc::conv2d(p, input, packed, output);
+    }
+    #[cfg(target_arch = "x86_64")]
     return blocked::conv2d(
         p,
         blocked::Io::Nhwc,
@@ -590,8 +599,9 @@ mod tests {
                     #[cfg(target_arch = "x86_64")]
                     if mult == 1 {
                         // Whole channel blocks, as channels-last input needs:
-                        // one block, and two.
-                        for c in [8, 16] {
+                        // one block, and two; with AVX-512 (stride 1) one
+                        // vector, three, and two groups of five.
+                        for c in [8, 16, 48, 160] {
                             let p = Conv2dParams {
                                 in_channels: c,
                                 out_channels: c,
