@@ -560,8 +560,9 @@ def test_layers_of_few_channels_read_either_layout(batch, k, stride, pad):
 # PyTorch hands channels-last values (``torch.channels_last``) to layers, as
 # ConvNeXt's blocks do. A convolution whose kernel reads that layout (the
 # depthwise path of 'direct' on whole blocks of 8 f32 channels with AVX2, the
-# patches of 'gemm' when the windows do not overlap) reads it in place and
-# returns its output channels last; the others get a contiguous copy.
+# patches of 'gemm' when the windows do not overlap, which 'default' takes for
+# such input) reads it in place and returns its output channels last; the
+# others get a contiguous copy.
 
 
 def _conv(c, oc, k, dtype=torch.float32, **kw):
@@ -582,6 +583,8 @@ CHANNELS_LAST = {
     "depthwise_multiplier2": (_conv(8, 16, 3, padding=1, groups=8), (9, 11), False),
     "patches2x2": (_conv(8, 16, 2, stride=2), (9, 11), True),
     "patches4x4_f64": (_conv(16, 8, 4, torch.float64, stride=4), (18, 17), True),
+    # 'default' picks 'direct' for these in NCHW; channels last, the patches.
+    "patches2x2_default_direct": (_conv(32, 64, 2, stride=2), (16, 16), True),
     "pointwise": (_conv(8, 12, 1), (9, 11), True),
     "overlapping3x3": (_conv(8, 12, 3, padding=1), (9, 11), False),
     "reflect": (_conv(8, 8, 3, padding=1, groups=8, padding_mode="reflect"), (9, 11), False),
