@@ -916,8 +916,8 @@ impl Graph {
 
     /// Runs the graph. Inputs may be borrowed and non-contiguous; outputs are owned.
     pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        self.with_arena(&inputs, |plan, arena, owned| {
-            self.execute(plan, &inputs, arena, owned, None)
+        self.with_arena(&inputs, |plan, arena| {
+            self.execute(plan, &inputs, arena, None)
         })
     }
 
@@ -933,11 +933,11 @@ impl Graph {
                     .map_err(|e| Error::from_kernel("model", &format!("repeat={repeat}"), e))?,
             );
         }
-        let out = self.with_arena(&inputs, |plan, arena, owned| {
-            let mut out = self.execute(plan, &inputs, arena, owned, None)?;
+        let out = self.with_arena(&inputs, |plan, arena| {
+            let mut out = self.execute(plan, &inputs, arena, None)?;
             for _ in 0..repeat.max(1) {
                 let mut times = vec![0.0; self.nodes.len()];
-                out = self.execute(plan, &inputs, arena, &mut [], Some(&mut times))?;
+                out = self.execute(plan, &inputs, arena, Some(&mut times))?;
                 for (s, t) in samples.iter_mut().zip(times) {
                     s.push(t);
                 }
@@ -954,13 +954,13 @@ impl Graph {
         Ok((out, medians))
     }
 
-    /// Checks the inputs, then runs `f` with the plan for their shapes, a
-    /// pooled arena and the outputs' own memory ([`Self::owned_outputs`]),
-    /// inside ai3's thread pool (on the calling thread alone for small runs).
+    /// Checks the inputs, then runs `f` with the plan for their shapes and a
+    /// pooled arena, inside ai3's thread pool (on the calling thread alone
+    /// for small runs).
     fn with_arena<R>(
         &self,
         inputs: &[Tensor],
-        f: impl FnOnce(&Plan, &mut Tensor, &mut [Option<Tensor>]) -> Result<R> + Send,
+        f: impl FnOnce(&Plan, &mut Tensor) -> Result<R> + Send,
     ) -> Result<R>
     where
         R: Send,
@@ -969,8 +969,7 @@ impl Graph {
         let input_shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
         let plan = self.plan_for(&input_shapes)?;
         let mut arena = self.take_arena(&plan, &input_shapes)?;
-        let mut owned = self.owned_outputs(&plan);
-        let run = || f(&plan, &mut arena, &mut owned);
+        let run = || f(&plan, &mut arena);
         let result = if plan.parallel {
             crate::threads::install_parking_openmp(run)
         } else {
@@ -980,35 +979,13 @@ impl Graph {
         result
     }
 
-    /// Memory of their own for the graph outputs that nodes compute (outside
-    /// the arena), by value id, allocated here, on the calling thread, not
-    /// on a pool thread while the graph runs. The caller (PyTorch) frees an
-    /// output on its own thread; glibc gives the memory back to the arena of
-    /// the thread that allocated it, and once a worker's arena is empty it
-    /// unmaps it: every call then faulted its output's pages in afresh
-    /// (a 12 MB output, 3000 page faults a call, 2-3 ms). An allocation
-    /// refused here is left to [`Self::output_for`], which reports it.
-    fn owned_outputs(&self, plan: &Plan) -> Vec<Option<Tensor>> {
-        let route = &plan.route;
-        let mut owned: Vec<Option<Tensor>> = (0..route.shapes.len()).map(|_| None).collect();
-        for &v in &route.outputs {
-            let computed = v >= self.num_values() || matches!(self.sources[v], Source::Node(_));
-            if computed && plan.offsets[v].is_none() && owned[v].is_none() {
-                owned[v] = Tensor::unfilled(self.dtype, &route.physical(v)).ok();
-            }
-        }
-        owned
-    }
-
-    /// Runs every step once, the outputs into `owned` where it has them;
-    /// with `times` (one per node), adds each node's wall time in seconds,
-    /// the reorders made for it included.
+    /// Runs every step once; with `times` (one per node), adds each node's
+    /// wall time in seconds, the reorders made for it included.
     fn execute(
         &self,
         plan: &Plan,
         inputs: &[Tensor],
         arena: &mut Tensor,
-        owned: &mut [Option<Tensor>],
         mut times: Option<&mut [f64]>,
     ) -> Result<Vec<Tensor>> {
         // Channels-last inputs that every reader takes as they are.
@@ -1043,7 +1020,6 @@ impl Graph {
                 inputs,
                 &copies,
                 base,
-                owned,
                 &mut values,
                 times.as_deref_mut(),
             )?;
@@ -1055,7 +1031,7 @@ impl Graph {
             };
             if let Step::Node(i) = *step {
                 let start = times.is_some().then(std::time::Instant::now);
-                if let Some(out) = self.run_channels_last(plan, i, inputs, &in_place, owned)? {
+                if let Some(out) = self.run_channels_last(plan, i, inputs, &in_place)? {
                     if let (Some(times), Some(start)) = (times.as_deref_mut(), start) {
                         times[i] += start.elapsed().as_secs_f64();
                     }
@@ -1063,7 +1039,7 @@ impl Graph {
                     continue;
                 }
             }
-            let mut out = self.output_for(plan, v, owner, base, owned)?;
+            let mut out = self.output_for(plan, v, owner, base)?;
             let start = times.is_some().then(std::time::Instant::now);
             // An empty output (a batch of 0) has nothing to compute; its
             // shape was already checked when the plan was made.
@@ -1101,21 +1077,10 @@ impl Graph {
     }
 
     /// The buffer of value `v`, written by a step of node `owner`: its place
-    /// in the arena, or memory of its own (a graph output: from `owned`
-    /// when it has it).
-    fn output_for(
-        &self,
-        plan: &Plan,
-        v: usize,
-        owner: usize,
-        base: *mut u8,
-        owned: &mut [Option<Tensor>],
-    ) -> Result<Tensor> {
+    /// in the arena, or memory of its own (a graph output).
+    fn output_for(&self, plan: &Plan, v: usize, owner: usize, base: *mut u8) -> Result<Tensor> {
         let route = &plan.route;
         let shape = route.physical(v);
-        if let Some(t) = owned.get_mut(v).and_then(Option::take) {
-            return Ok(t);
-        }
         match plan.offsets[v] {
             // SAFETY: the planner gives values alive at the same time disjoint
             // ranges inside the arena, which outlives this call.
@@ -1188,7 +1153,6 @@ impl Graph {
         inputs: &[Tensor],
         copies: &[Option<Tensor>],
         base: *mut u8,
-        owned: &mut [Option<Tensor>],
         values: &mut [Option<Tensor>],
         mut times: Option<&mut [f64]>,
     ) -> Result<()> {
@@ -1200,7 +1164,7 @@ impl Graph {
         };
         for step in steps {
             let v = self.written(step);
-            values[v] = Some(self.output_for(plan, v, owner(step), base, owned)?);
+            values[v] = Some(self.output_for(plan, v, owner(step), base)?);
         }
         let batch = route.shapes[self.written(&steps[0])][0];
         let values = &*values;
@@ -1247,16 +1211,14 @@ impl Graph {
     }
 
     /// Runs node `i` channels last when the plan lets it and its input
-    /// arrived so (`in_place`, per graph input): its output (in `owned`'s
-    /// buffer for it, if any), a channels-last view of an NHWC tensor.
-    /// `None` when it runs NCHW.
+    /// arrived so (`in_place`, per graph input): its output, a
+    /// channels-last view of an NHWC tensor. `None` when it runs NCHW.
     fn run_channels_last(
         &self,
         plan: &Plan,
         i: usize,
         inputs: &[Tensor],
         in_place: &[bool],
-        owned: &mut [Option<Tensor>],
     ) -> Result<Option<Tensor>> {
         let node = &self.nodes[i];
         let input = match (plan.channels_last[i], &plan.route.inputs[i][..]) {
@@ -1288,12 +1250,8 @@ impl Graph {
                 "a channels-last output is not 4-D",
             ));
         };
-        let nhwc = [on, oh, ow, oc];
-        let mut out = match owned.get_mut(node.output).and_then(Option::take) {
-            Some(t) => t.reshape(&nhwc),
-            None => Tensor::unfilled(self.dtype, &nhwc),
-        }
-        .map_err(|e| with_node(e.with_op(node.op.kind().name()), &node.name))?;
+        let mut out = Tensor::unfilled(self.dtype, &[on, oh, ow, oc])
+            .map_err(|e| with_node(e.with_op(node.op.kind().name()), &node.name))?;
         if out.numel() > 0 {
             node.op
                 .forward_channels_last(&[&x], &mut out)
