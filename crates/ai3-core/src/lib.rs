@@ -2,6 +2,7 @@
 //! registry, and the graph executor. Kernels live in `ai3-kernels`; Python
 //! bindings in `ai3-py`.
 
+mod buffers;
 pub mod dtype;
 pub mod error;
 pub mod graph;

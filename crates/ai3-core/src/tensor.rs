@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ai3_kernels::alloc::{try_zeroed_vec, KernelError, Zeroable};
 
+use crate::buffers::{Buffer, Pool};
 use crate::dtype::{DType, Device, Element};
 use crate::error::{Error, Result};
 
@@ -20,6 +21,9 @@ struct Block([u8; ALIGNMENT]);
 
 // SAFETY: a plain array of bytes; zero bytes are a valid value.
 unsafe impl Zeroable for Block {}
+
+/// Freed owned buffers, for the next (see [`crate::buffers`]).
+static BUFFERS: Pool<Block> = Pool::new();
 
 /// Whether [`Tensor::unfilled`] fills its memory with NaN.
 static POISON_UNFILLED: AtomicBool = AtomicBool::new(cfg!(debug_assertions));
@@ -36,8 +40,9 @@ pub fn poison_unfilled(on: bool) {
 /// Memory behind a tensor.
 enum Storage {
     /// A buffer ai3 allocated, 64-byte aligned: zeroed, or written whole by
-    /// the kernel it was made for (see [`Tensor::unfilled`]).
-    Owned(Vec<MaybeUninit<Block>>),
+    /// the kernel it was made for (see [`Tensor::unfilled`]); kept for reuse
+    /// when dropped.
+    Owned(Buffer<Block>),
     /// Memory owned by someone else (a DLPack producer such as torch), kept
     /// alive by `owner` until this storage is dropped.
     Borrowed {
@@ -62,51 +67,60 @@ impl Storage {
     /// Zeroed, 64-byte aligned memory of at least `bytes`, or the
     /// allocator's refusal.
     fn owned_zeroed(bytes: usize) -> std::result::Result<Self, KernelError> {
-        let blocks: Vec<Block> = try_zeroed_vec(bytes.div_ceil(ALIGNMENT), "tensor")?;
-        let mut blocks = std::mem::ManuallyDrop::new(blocks);
-        let (ptr, len, cap) = (blocks.as_mut_ptr(), blocks.len(), blocks.capacity());
-        // SAFETY: the same allocation, as values of a type with the same layout.
-        Ok(Storage::Owned(unsafe {
-            Vec::from_raw_parts(ptr.cast::<MaybeUninit<Block>>(), len, cap)
-        }))
+        // Fresh memory, zero already: a kept buffer would need a pass to zero.
+        let zeroed = |len: usize| {
+            let blocks: Vec<Block> = try_zeroed_vec(len, "tensor")?;
+            let mut blocks = std::mem::ManuallyDrop::new(blocks);
+            let (ptr, len, cap) = (blocks.as_mut_ptr(), blocks.len(), blocks.capacity());
+            // SAFETY: the same allocation, as values of a type with the same layout.
+            Ok(unsafe { Vec::from_raw_parts(ptr.cast::<MaybeUninit<Block>>(), len, cap) })
+        };
+        Ok(Storage::Owned(
+            BUFFERS.fresh(bytes.div_ceil(ALIGNMENT), zeroed)?,
+        ))
     }
 
     /// 64-byte aligned memory of at least `bytes`, not zeroed: its contents
     /// are whatever the allocator had there, or every byte 0xFF (a NaN in f32
     /// and f64) while [`poison_unfilled`] is on.
     fn owned_unfilled(bytes: usize) -> std::result::Result<Self, KernelError> {
-        let blocks = bytes.div_ceil(ALIGNMENT);
-        let mut v = Vec::new();
-        v.try_reserve_exact(blocks)
-            .map_err(|_| KernelError::Alloc {
-                what: "tensor",
-                bytes: blocks.saturating_mul(ALIGNMENT),
-            })?;
-        // SAFETY: MaybeUninit needs no initialisation; the capacity was reserved.
-        unsafe { v.set_len(blocks) };
+        let fresh = |blocks: usize| {
+            let mut v = Vec::new();
+            v.try_reserve_exact(blocks)
+                .map_err(|_| KernelError::Alloc {
+                    what: "tensor",
+                    bytes: blocks.saturating_mul(ALIGNMENT),
+                })?;
+            // SAFETY: MaybeUninit needs no initialisation; the capacity was reserved.
+            unsafe { v.set_len(blocks) };
+            Ok(v)
+        };
+        let mut buffer = BUFFERS.take(bytes.div_ceil(ALIGNMENT), fresh)?;
         if POISON_UNFILLED.load(Ordering::Relaxed) {
-            v.fill(MaybeUninit::new(Block([0xFF; ALIGNMENT])));
+            buffer
+                .as_mut_slice()
+                .fill(MaybeUninit::new(Block([0xFF; ALIGNMENT])));
         }
-        Ok(Storage::Owned(v))
+        Ok(Storage::Owned(buffer))
     }
 
     fn as_ptr(&self) -> *const u8 {
         match self {
-            Storage::Owned(v) => v.as_ptr() as *const u8,
+            Storage::Owned(v) => v.as_slice().as_ptr() as *const u8,
             Storage::Borrowed { ptr, .. } => *ptr,
         }
     }
 
     fn as_mut_ptr(&mut self) -> *mut u8 {
         match self {
-            Storage::Owned(v) => v.as_mut_ptr() as *mut u8,
+            Storage::Owned(v) => v.as_mut_slice().as_mut_ptr() as *mut u8,
             Storage::Borrowed { ptr, .. } => *ptr,
         }
     }
 
     fn len(&self) -> usize {
         match self {
-            Storage::Owned(v) => v.len() * ALIGNMENT,
+            Storage::Owned(v) => v.as_slice().len() * ALIGNMENT,
             Storage::Borrowed { len, .. } => *len,
         }
     }
