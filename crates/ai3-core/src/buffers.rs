@@ -10,6 +10,11 @@
 //! 10, ran bimodal at 81-125 ms). So ai3 keeps freed buffers of
 //! [`MIN_BYTES`] and more, up to [`MAX_BYTES`] in all, and gives them to the
 //! next allocation they fit; the oldest go first past the cap.
+//!
+//! The pool's lock is only ever tried, never waited for: a thread that finds
+//! it taken allocates or frees as if the pool were not there. So a process
+//! forked while another thread held it (a DataLoader worker) never blocks
+//! on a lock no thread will release; it just stops keeping buffers.
 
 use std::mem::MaybeUninit;
 use std::sync::Mutex;
@@ -81,8 +86,10 @@ impl<B: Copy + 'static> Pool<B> {
         fresh: impl FnOnce(usize) -> Result<Vec<MaybeUninit<B>>, E>,
     ) -> Result<Buffer<B>, E> {
         let block = size_of::<B>();
-        if len * block >= MIN_BYTES {
-            let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = (len * block >= MIN_BYTES)
+            .then(|| self.kept.try_lock().ok())
+            .flatten();
+        if let Some(mut kept) = kept {
             let fits = |v: &Vec<MaybeUninit<B>>| {
                 v.capacity() >= len && len * 8 >= v.capacity() * MIN_FILL_EIGHTHS
             };
@@ -121,7 +128,9 @@ impl<B: Copy + 'static> Pool<B> {
         if !(MIN_BYTES..=MAX_BYTES).contains(&bytes) {
             return;
         }
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let Ok(mut kept) = self.kept.try_lock() else {
+            return;
+        };
         kept.bytes += bytes;
         kept.buffers.push(blocks);
         while kept.bytes > MAX_BYTES || kept.buffers.len() > MAX_BUFFERS {
@@ -169,6 +178,19 @@ mod tests {
         // Small buffers are not kept.
         drop(POOL.take(16, fresh).unwrap());
         assert_eq!(POOL.kept_bytes(), 3 * MIN_BYTES);
+    }
+
+    #[test]
+    fn a_taken_lock_is_not_waited_for() {
+        static POOL: Pool<u64> = Pool::new();
+        let big = MIN_BYTES / 8;
+        drop(POOL.take(big, fresh).unwrap());
+        let held = POOL.kept.lock().unwrap();
+        // Neither call blocks: the take allocates, the drop frees.
+        let b = POOL.take(big, fresh).unwrap();
+        drop(b);
+        drop(held);
+        assert_eq!(POOL.kept_bytes(), MIN_BYTES, "the first buffer only");
     }
 
     #[test]
