@@ -146,11 +146,17 @@ pub(super) fn conv2d(
         gather_rows(p, input, n, c0, cg, y0..y1, buf);
         // SAFETY: AVX-512F (`applies`, asserted); `buf` holds rows `y0 ..
         // y1 + kh - 1` of the padded input, `cg` channels a pixel;
-        // `weights` a `cg`-vector per tap and the bias; the task writes
+        // `weights` a `cg`-vector per tap and the bias; `applies` keeps
+        // the kernel width 3, 5 or 7; the task writes
         // rows `y0..y1` of image `n`, channels `c0..c0 + cg`, inside `output`.
         unsafe {
             let first = out.0.add((n * oh + y0) * ow * c + c0);
-            band(p, buf, cg, weights, y1 - y0, first)
+            let count = y1 - y0;
+            match p.kernel_w {
+                3 => band_k::<3>(p, buf, cg, weights, count, first),
+                5 => band_k::<5>(p, buf, cg, weights, count, first),
+                _ => band_k::<7>(p, buf, cg, weights, count, first),
+            }
         }
     };
     let tasks = p.batch * split.groups * split.bands;
@@ -219,28 +225,7 @@ fn gather_rows(
 /// # Safety
 /// AVX-512F; `buf` as [`gather_rows`] fills it, `weights` as
 /// [`gather_weights`]; `out` valid for writes of `cg` elements at each of
-/// the band's `rows * out_w` pixels.
-#[target_feature(enable = "avx512f")]
-unsafe fn band(
-    p: &Conv2dParams,
-    buf: &[f32],
-    cg: usize,
-    weights: &[f32],
-    rows: usize,
-    out: *mut f32,
-) {
-    match p.kernel_w {
-        // SAFETY: the caller's contract.
-        3 => unsafe { band_k::<3>(p, buf, cg, weights, rows, out) },
-        5 => unsafe { band_k::<5>(p, buf, cg, weights, rows, out) },
-        _ => unsafe { band_k::<7>(p, buf, cg, weights, rows, out) },
-    }
-}
-
-/// [`band`] for `K`-wide kernels.
-///
-/// # Safety
-/// As [`band`], with `p.kernel_w == K`.
+/// the band's `rows * out_w` pixels; `p.kernel_w == K`.
 #[target_feature(enable = "avx512f")]
 unsafe fn band_k<const K: usize>(
     p: &Conv2dParams,
