@@ -355,10 +355,24 @@ mod tests {
         };
         run();
         crate::cpu::test_util::on_two_threads(run);
-        // f32, whose maxima run on AVX2 code: NaNs at every tap position of
-        // some window, among infinities, win as in the NCHW kernel.
+        // f32, whose maxima and averages run on AVX2 code (3x3 stride 1 as
+        // GoogLeNet's, 2x2 stride 2 as VGG's over an odd width, 3x3 stride
+        // 2, 2 wide stride 1): NaNs at every tap position of some window,
+        // among infinities, win as in the NCHW kernel; averages match it.
+        let f32_cases = [
+            cases[0],
+            cases[1],
+            cases[2],
+            cases[3],
+            case(1, 16, 28, 28, 3, 1, 1, 1, false),
+            case(2, 8, 14, 15, 2, 2, 0, 1, false),
+            case(1, 24, 13, 13, 3, 2, 0, 1, true),
+            case(1, 8, 6, 9, 2, 1, 0, 1, false),
+            case(1, 8, 5, 6, 3, 1, 0, 1, false),
+            case(1, 8, 4, 7, 3, 2, 1, 1, false),
+        ];
         let mut rng = Rng::new(5);
-        for p in &cases[..4] {
+        for p in &f32_cases {
             let (ip, op) = (p.in_h * p.in_w, p.out_h() * p.out_w());
             let mut x: Vec<f32> = crate::cpu::test_util::cast(&rng.vec(p.batch * p.channels * ip));
             for (i, v) in x.iter_mut().enumerate() {
@@ -386,6 +400,29 @@ mod tests {
                     g == w || (g.is_nan() && w.is_nan()),
                     "f32 {p:?} at {i}: {g} vs {w}"
                 );
+            }
+            if p.dilation != (1, 1) {
+                continue;
+            }
+            let finite: Vec<f32> = x
+                .iter()
+                .map(|v| if v.is_finite() { *v } else { 1.5 })
+                .collect();
+            to_blocked(p.batch, p.channels, ip, &finite, &mut xb).unwrap();
+            for count_include_pad in [true, false] {
+                let o = AvgPoolOptions {
+                    count_include_pad,
+                    divisor_override: None,
+                };
+                avgpool2d(p, &o, &finite, &mut want).unwrap();
+                avgpool2d_blocked(p, &o, &xb, &mut ob).unwrap();
+                from_blocked(p.batch, p.channels, op, &ob, &mut got).unwrap();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                        "f32 avg {p:?} at {i}: {g} vs {w}"
+                    );
+                }
             }
         }
         let p = case(1, 3, 4, 4, 2, 2, 0, 1, false);
