@@ -970,7 +970,12 @@ impl Graph {
         let plan = self.plan_for(&input_shapes)?;
         let mut arena = self.take_arena(&plan, &input_shapes)?;
         let run = || f(&plan, &mut arena);
-        let result = if plan.parallel {
+        // Runs of several nodes keep the pool's workers awake between them
+        // (a swapped layer's one node has nothing to wait between).
+        let several = self.nodes.len() > 1;
+        let result = if plan.parallel && several {
+            crate::threads::install_parking_openmp(|| crate::threads::with_workers_awake(run))
+        } else if plan.parallel {
             crate::threads::install_parking_openmp(run)
         } else {
             crate::threads::run_on_caller(run)
