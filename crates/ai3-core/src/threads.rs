@@ -117,8 +117,8 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// appears (`rayon::yield_now`) and spins between jobs, until `f` returns.
 /// For a graph run, whose nodes each split their work across the pool: a
 /// rayon worker left without work sleeps after a few microseconds (its
-/// CPU halts), and waking it for the next node takes an interrupt to that
-/// CPU, which a virtual machine whose host is busy delivers late. This is
+/// CPU halts), and waking it for the next node takes a system call and an
+/// interrupt to that CPU (on a virtual machine, through the host). This is
 /// the wait OpenMP's and oneTBB's spinning workers avoid, for the length of
 /// one run only.
 ///
