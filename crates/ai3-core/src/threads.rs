@@ -479,17 +479,14 @@ mod tests {
         let pool = pool_of(2);
         for _ in 0..50 {
             // Parallel work inside, whose halves the spinning worker takes;
-            // joins whose other half is slow, so `f`'s thread waits (and may
-            // take a spinner back, which must return at once).
+            // a join whose stolen half is the slow one, so `f`'s thread
+            // waits for the spinning worker, and one the other way round.
+            let nap = || std::thread::sleep(std::time::Duration::from_micros(200));
             let (sum, _) = pool.install(|| {
                 with_workers_awake(|| {
                     use rayon::prelude::*;
                     let sum: u64 = (0..10_000u64).into_par_iter().sum();
-                    let slow = rayon::join(
-                        || std::thread::sleep(std::time::Duration::from_micros(200)),
-                        || (),
-                    );
-                    (sum, slow)
+                    (sum, (rayon::join(|| (), nap), rayon::join(nap, || ())))
                 })
             });
             assert_eq!(sum, 10_000 * 9_999 / 2);
