@@ -180,6 +180,7 @@ fn run(
         let (ob0, ob1) = (g * group, ((g + 1) * group).min(ocb));
         let (p0, p1) = (r * run_len, ((r + 1) * run_len).min(plane));
         let x = &input[n * icb * plane * BLOCK..][..icb * plane * BLOCK];
+        let block_tiles = super::tile::BlockTiles::new(ob1 - ob0);
         let mut p = p0;
         // Tiles of equal size, at most pt (49 pixels on AVX2: 4 of 6 and 5
         // of 5, not 8 of 6 and one of 1).
@@ -187,9 +188,9 @@ fn run(
         while p < p1 {
             let np = (p1 - p).div_ceil(tiles);
             tiles -= 1;
-            let mut ob = ob0;
-            while ob < ob1 {
-                let nob = obt.min(ob1 - ob);
+            for i in 0..block_tiles.count() {
+                let (ob, nob) = block_tiles.get(i);
+                let ob = ob0 + ob;
                 let at = ((n * ocb + ob) * plane + p) * BLOCK;
                 // SAFETY: AVX2 and FMA (checked by the caller); the tile reads
                 // pixels p..p + np of every input block of image n, the
@@ -214,7 +215,6 @@ fn run(
                         },
                     )
                 };
-                ob += nob;
             }
             p += np;
         }

@@ -185,8 +185,9 @@ pub fn conv2d(
     let plane_in = p.in_h * p.in_w;
     let plane_out = oh * ow;
     let last_lanes = p.in_channels - (icb - 1) * CB;
-    let (obt, pt) = tile::shape();
-    let groups = ocb.div_ceil(obt);
+    let pt = tile::shape().1;
+    let block_tiles = tile::BlockTiles::new(ocb);
+    let groups = block_tiles.count();
     let threads = threads_for_macs(p.macs());
     let buf_len = checked_product("padded input copy", &[icb, ph, pw, px_in])?;
     with_scratch_named::<f32, _>(buf_len, "padded input copy", |buf| {
@@ -232,8 +233,7 @@ pub fn conv2d(
             let task = |t: usize| {
                 let out = &out;
                 let (group, y) = (t / oh, t % oh);
-                let ob = group * obt;
-                let nob = obt.min(ocb - ob);
+                let (ob, nob) = block_tiles.get(group);
                 let row = &buf[y * p.stride.0 * pw * px_in..];
                 // Channels of each output block of the tile.
                 let valid: [usize; OBT_MAX] =

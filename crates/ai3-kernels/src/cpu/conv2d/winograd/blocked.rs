@@ -260,11 +260,12 @@ unsafe fn block(
         let transform_in = |(ib, rows): (usize, &mut [f32])| unsafe {
             input_transform(p, tiles, input, ib, rows, v.0, v_stride);
         };
-        let (obt, pt) = crate::cpu::blocked::tile::shape();
-        let groups = ocb.div_ceil(obt);
+        let pt = crate::cpu::blocked::tile::shape().1;
+        let block_tiles = crate::cpu::blocked::tile::BlockTiles::new(ocb);
+        let groups = block_tiles.count();
         let product = |task: usize| {
-            let (xi, ob) = (task / groups, task % groups * obt);
-            let nob = obt.min(ocb - ob);
+            let xi = task / groups;
+            let (ob, nob) = block_tiles.get(task % groups);
             // Tiles of equal size, at most pt.
             let mut chunks = nt.div_ceil(pt);
             let mut t = 0;
