@@ -25,8 +25,8 @@ pub struct Linear {
     /// Activation fused into the output, applied in place after the GEMM.
     activation: Option<ActivationKind>,
     /// The f32 weight packed for the register-tile kernel (AVX-512 or
-    /// AVX2), which runs the f32 `gemm` calls it [suits](linear::packed::suits)
-    /// (None for f64 and on the portable ISA level). The weight is kept
+    /// AVX2), which runs every f32 `gemm` call (None for f64 and on the
+    /// portable ISA level). The weight is kept
     /// too, for `custom`, shapes and the other calls.
     packed: Option<PackedWeight>,
 }
@@ -161,7 +161,7 @@ impl Operation for Linear {
         let p = self.params_for(x.shape())?;
         let algorithm = self.algorithm(&p)?;
         if let (Some(packed), Algorithm::Gemm) = (&self.packed, algorithm) {
-            if p.in_features > 0 && linear::packed::suits(p.rows) && x.dtype() == DType::F32 {
+            if p.in_features > 0 && x.dtype() == DType::F32 {
                 let out = output.as_mut_slice::<f32>()?;
                 // The fused activation runs on each finished block, still in cache.
                 let fused = self

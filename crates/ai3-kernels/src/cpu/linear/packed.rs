@@ -87,18 +87,15 @@ impl PackedWeight {
     }
 }
 
-/// Whether this process runs the packed kernel (AVX-512 or AVX2+FMA).
+/// Whether this process runs the packed kernel (AVX-512 or AVX2+FMA). Where
+/// it does, it runs every f32 linear layer: on AVX2 (a Zen 4, two threads,
+/// paired with the gemm crate, which packs the input too) it took 0.35x the
+/// gemm crate's time on 10 x 9216 -> 4096, 0.66-0.90x on ConvNeXt's MLP
+/// (3136 x 96 -> 384, 784 x 768 -> 192), 0.80-0.87x on 128 x 4096 -> 4096,
+/// 2048 x 256 -> 256 and 197 x 768 -> 2304, and 0.95-1.0x on 144 x 768 ->
+/// 3072 and 512 x 1024 -> 1024.
 pub fn available() -> bool {
     tile_columns().is_some()
-}
-
-/// Whether the packed kernel is the faster way to run `rows` rows. On
-/// AVX-512 it always is. On AVX2 it is for up to one task's rows ([`MB`]),
-/// where the weight streams through once (10 x 9216 -> 4096: 0.35x the
-/// gemm crate's time, one row 1.0x); from two row blocks on the gemm crate,
-/// which packs the input too, is faster (144 x 768 -> 3072: 0.8x ours).
-pub fn suits(rows: usize) -> bool {
-    available() && (crate::isa::avx512() || rows <= MB)
 }
 
 /// The columns of this process's register tile, `None` without one.
