@@ -159,13 +159,23 @@ pub fn conv2d(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    run(s, input, packed, output, fused, epilogue);
+    run(
+        s,
+        input,
+        packed,
+        output,
+        fused,
+        epilogue,
+        sweep_input_bytes(),
+    );
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (fused, epilogue);
     Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]
+/// [`conv2d`] past its checks, with runs swept by tiles of output blocks
+/// where `sweep_bytes` ([`sweep_input_bytes`]) allows.
 fn run(
     s: &Pointwise,
     input: &[f32],
@@ -173,6 +183,7 @@ fn run(
     output: &mut [f32],
     fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
+    sweep_bytes: usize,
 ) {
     use rayon::prelude::*;
 
@@ -206,7 +217,7 @@ fn run(
     let mut run_len = plane.div_ceil(runs).next_multiple_of(pt);
     // Runs short enough for their input to stay in L1 while each tile of
     // output blocks sweeps them, if that leaves a few tiles of pixels a run.
-    let sweep_len = (sweep_input_bytes() / (icb * BLOCK * size_of::<f32>())) / pt * pt;
+    let sweep_len = (sweep_bytes / (icb * BLOCK * size_of::<f32>())) / pt * pt;
     let sweep = sweep_len >= SWEEP_TILES * pt;
     if sweep {
         run_len = run_len.min(sweep_len);
@@ -390,9 +401,16 @@ mod tests {
             residual: Some(&rb),
             clamp: Some((0.0, f32::INFINITY)),
         };
-        for (fused, epilogue) in [(Fused::default(), Some(&e as Epilogue<f32>)), (fused, None)] {
+        // Through conv2d, then each loop order whatever the ISA level's
+        // choice (never sweeping, sweeping where runs fit).
+        let runs = [None, Some(0), Some(28 << 10)];
+        let fusions = [(Fused::default(), Some(&e as Epilogue<f32>)), (fused, None)];
+        for (sweep, (fused, epilogue)) in runs.into_iter().flat_map(|r| fusions.map(|f| (r, f))) {
             let mut ob = vec![f32::NAN; rb.len()];
-            conv2d(&s, &xb, &packed, &mut ob, fused, epilogue).unwrap();
+            match sweep {
+                None => conv2d(&s, &xb, &packed, &mut ob, fused, epilogue).unwrap(),
+                Some(bytes) => run(&s, &xb, &packed, &mut ob, fused, epilogue, bytes),
+            }
             // Padding lanes stay zero-based: finite.
             assert!(ob.iter().all(|v| v.is_finite()), "{s:?}");
             let mut got = vec![0.0f32; want.len()];
@@ -401,7 +419,7 @@ mod tests {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
-                    "{s:?} fused={} at {i}: {g} vs {w}",
+                    "{s:?} fused={} sweep={sweep:?} at {i}: {g} vs {w}",
                     epilogue.is_none()
                 );
             }
