@@ -10,9 +10,8 @@
 //! stay in L2, run of pixels). Within a task, each register tile of output
 //! blocks sweeps the run's pixels, its weights in L1 throughout, where a
 //! run's input can be made small enough to stay in L1 (see
-//! [`sweep_input_bytes`]);
-//! otherwise each tile of pixels is used by every block of the group while
-//! it is in L1. The fused epilogue (a residual, an activation) runs on each
+//! [`sweep_input_bytes`]); otherwise each tile of pixels is used by every
+//! block of the group while it is in L1. The fused epilogue (a residual, an activation) runs on each
 //! finished output strip.
 
 // Elsewhere than x86-64 only the shape and the packing are used.
@@ -29,14 +28,21 @@ const TASK_TILES: usize = 16;
 /// half an L2 cache.
 const GROUP_BYTES: usize = 192 << 10;
 
+/// Register tiles of pixels a run needs, at least, for its tiles of output
+/// blocks to sweep it.
+const SWEEP_TILES: usize = 4;
+
+/// Bytes of a run's input a sweep keeps in L1 on AVX2
+/// ([`sweep_input_bytes`]): most of a 32 KB L1 data cache.
+const SWEEP_L1_BYTES: usize = 28 << 10;
+
 /// Bytes of a task's input, at most, for each register tile of output
 /// blocks to sweep all the task's pixels in turn, its weights and the run's
 /// input in L1 all the while, rather than each tile of pixels meeting every
 /// block of the group in turn, the group's weights streamed from L2 for
-/// each tile of pixels: most of a 32 KB L1 data cache.
-///
-/// Runs are shortened to fit, down to [`SWEEP_TILES`] tiles of pixels;
-/// layers with more input channels than that allows keep the other order.
+/// each tile of pixels. Runs are shortened to fit, down to [`SWEEP_TILES`]
+/// tiles of pixels; layers with more input channels than that allows keep
+/// the other order.
 ///
 /// On AVX2, measured on a Zen 4 (the 1x1 kernel alone, two threads, buffers
 /// cold, paired), sweeping took 0.69x the time on 64 -> 256 at 56x56, 0.73x
@@ -45,18 +51,15 @@ const GROUP_BYTES: usize = 192 << 10;
 /// shortened to fit, 0.84x on 128 -> 512 at 28x28, 0.90-0.95x on 128 -> 128
 /// at 56x56, 0.91x on 192 -> 64 at 28x28. Sweeping an input that does not
 /// fit L1 (a run of 40 or more input blocks read from L2, block by block,
-/// for each tile of output blocks) made some reductions slower. On AVX-512 (whose tile is twice as wide and four times
-/// as tall) it is not measured: 0 keeps the order every measurement of that
-/// level was made with.
-/// Register tiles of pixels a run needs, at least, for its tiles of output
-/// blocks to sweep it.
-const SWEEP_TILES: usize = 4;
-
+/// for each tile of output blocks) made some reductions slower. On AVX-512
+/// (whose tile is twice as wide and four times as tall) it is not
+/// measured: 0 keeps the order every measurement of that level was made
+/// with.
 fn sweep_input_bytes() -> usize {
     if crate::isa::avx512() {
         0
     } else {
-        28 << 10
+        SWEEP_L1_BYTES
     }
 }
 
@@ -173,9 +176,9 @@ pub fn conv2d(
     Ok(())
 }
 
-#[cfg(target_arch = "x86_64")]
 /// [`conv2d`] past its checks, with runs swept by tiles of output blocks
 /// where `sweep_bytes` ([`sweep_input_bytes`]) allows.
+#[cfg(target_arch = "x86_64")]
 fn run(
     s: &Pointwise,
     input: &[f32],
@@ -403,7 +406,7 @@ mod tests {
         };
         // Through conv2d, then each loop order whatever the ISA level's
         // choice (never sweeping, sweeping where runs fit).
-        let runs = [None, Some(0), Some(28 << 10)];
+        let runs = [None, Some(0), Some(SWEEP_L1_BYTES)];
         let fusions = [(Fused::default(), Some(&e as Epilogue<f32>)), (fused, None)];
         for (sweep, (fused, epilogue)) in runs.into_iter().flat_map(|r| fusions.map(|f| (r, f))) {
             let mut ob = vec![f32::NAN; rb.len()];
