@@ -26,8 +26,8 @@ pub struct Linear {
     activation: Option<ActivationKind>,
     /// The f32 weight packed for the register-tile kernel (AVX-512 or
     /// AVX2), which runs every f32 `gemm` call (None for f64 and on the
-    /// portable ISA level). The weight is kept
-    /// too, for `custom`, shapes and the other calls.
+    /// portable ISA level). The weight is kept too, for `custom`, shapes
+    /// and the other calls.
     packed: Option<PackedWeight>,
 }
 
