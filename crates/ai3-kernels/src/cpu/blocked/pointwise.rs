@@ -237,61 +237,40 @@ fn run(
         let (p0, p1) = (r * run_len, ((r + 1) * run_len).min(plane));
         let x = &input[n * icb * plane * BLOCK..][..icb * plane * BLOCK];
         let block_tiles = super::tile::BlockTiles::new(ob1 - ob0);
-        // One register tile of `nob` blocks from `ob` (in the group) over
-        // pixels p..p + np.
-        let run_tile = |ob: usize, nob: usize, p: usize, np: usize| {
+        // The register tiles of blocks from `ob` (in the group) from pixel p.
+        let tile_at = |ob: usize, p: usize| {
             let ob = ob0 + ob;
             let at = ((n * ocb + ob) * plane + p) * BLOCK;
-            // SAFETY: AVX2 and FMA (checked by the caller); the tile reads
-            // pixels p..p + np of every input block of image n, the weights
-            // and bias of blocks ob..ob + nob, and writes those pixels of
-            // those output blocks, which this task alone owns (the
-            // residual, checked, has the output's length).
-            unsafe {
-                tile(
-                    nob,
-                    np,
-                    x.as_ptr().add(p * BLOCK),
-                    plane * BLOCK,
-                    icb,
-                    packed.as_ptr().add(ob * w_stride),
-                    w_stride,
-                    bias.as_ptr().add(ob * BLOCK),
-                    out.0.add(at),
-                    plane * BLOCK,
-                    Fused {
-                        residual: fused.residual.map(|r| &r[at..]),
-                        clamp: fused.clamp,
-                    },
-                )
-            };
+            tile(
+                x.as_ptr().wrapping_add(p * BLOCK),
+                plane * BLOCK,
+                icb,
+                packed.as_ptr().wrapping_add(ob * w_stride),
+                w_stride,
+                bias.as_ptr().wrapping_add(ob * BLOCK),
+                out.0.wrapping_add(at),
+                plane * BLOCK,
+                Fused {
+                    residual: fused.residual.map(|r| &r[at..]),
+                    clamp: fused.clamp,
+                },
+            )
         };
-        // Tiles of equal size, at most pt (49 pixels on AVX2: 4 of 6 and 5
-        // of 5, not 8 of 6 and one of 1).
-        let pixel_tiles = || {
-            let mut tiles = (p1 - p0).div_ceil(pt);
-            let mut p = p0;
-            std::iter::from_fn(move || {
-                (p < p1).then(|| {
-                    let np = (p1 - p).div_ceil(tiles);
-                    tiles -= 1;
-                    p += np;
-                    (p - np, np)
-                })
-            })
-        };
+        // SAFETY (both orders): AVX2 and FMA (checked by the caller); a tile
+        // reads its pixels of every input block of image n, the weights and
+        // bias of its blocks, and writes those pixels of those output
+        // blocks, which this task alone owns (the residual, checked, has
+        // the output's length).
         if sweep {
             for i in 0..block_tiles.count() {
                 let (ob, nob) = block_tiles.get(i);
-                for (p, np) in pixel_tiles() {
-                    run_tile(ob, nob, p, np);
-                }
+                unsafe { super::tile::row(nob, p1 - p0, &tile_at(ob, p0)) };
             }
         } else {
-            for (p, np) in pixel_tiles() {
+            for (p, np) in super::tile::equal_tiles(p1 - p0, pt) {
                 for i in 0..block_tiles.count() {
                     let (ob, nob) = block_tiles.get(i);
-                    run_tile(ob, nob, p, np);
+                    unsafe { super::tile::run(nob, np, &tile_at(ob, p0 + p)) };
                 }
             }
         }
@@ -312,21 +291,16 @@ fn run(
     }
 }
 
-/// One register tile ([`super::tile`]) of `nob` output blocks by `np`
-/// pixels, each at most what [`super::tile::shape`] gives.
-///
-/// # Safety
-/// As [`super::tile::run`]; `x` points at the tile's first pixel in input
-/// block 0, with blocks `x_stride` apart (`icb` of them); `w` at the first
-/// output block's packed weights, blocks `w_stride` apart; `bias` at its
-/// bias; `out` at the tile's first pixel in the first output block, blocks
-/// `out_stride` apart; `fused`'s residual, if any, at the same place in
-/// its tensor (the rest of which follows).
+/// Where the register tiles ([`super::tile`]) of a 1x1 convolution read
+/// and write: `x` points at the first pixel in input block 0, with blocks
+/// `x_stride` apart (`icb` of them); `w` at the first output block's packed
+/// weights, blocks `w_stride` apart; `bias` at its bias; `out` at the first
+/// pixel in the first output block, blocks `out_stride` apart; `fused`'s
+/// residual, if any, at the same place in its tensor (the rest of which
+/// follows).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile(
-    nob: usize,
-    np: usize,
+pub(crate) fn tile(
     x: *const f32,
     x_stride: usize,
     icb: usize,
@@ -336,8 +310,8 @@ pub(crate) unsafe fn tile(
     out: *mut f32,
     out_stride: usize,
     fused: Fused<'_>,
-) {
-    let t = super::tile::Tile {
+) -> super::tile::Tile<'static> {
+    super::tile::Tile {
         x,
         x_block: x_stride,
         icb,
@@ -354,9 +328,7 @@ pub(crate) unsafe fn tile(
         valid: [BLOCK; super::tile::OBT_MAX],
         residual: fused.residual.map_or(std::ptr::null(), |r| r.as_ptr()),
         clamp: fused.clamp,
-    };
-    // SAFETY: the caller's contract.
-    unsafe { super::tile::run(nob, np, &t) }
+    }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -444,6 +416,8 @@ mod tests {
             (1, 32, 16, 1000),
             (2, 20, 72, 784),
             (1, 16, 40, 3136),
+            // One output block: tiles of one block, whole and one pixel short.
+            (1, 24, 8, 100),
             // Runs shortened for their input to fit sweep_input_bytes.
             (1, 128, 24, 784),
             // Too many input channels for a run of SWEEP_TILES tiles to fit

@@ -235,6 +235,7 @@ unsafe fn block(
     shared: bool,
 ) -> KernelResult<()> {
     use crate::cpu::blocked::pointwise::tile;
+    use crate::cpu::blocked::tile::row;
 
     let (icb, ocb) = (blocks(p.in_channels), blocks(p.out_channels));
     let icp = icb * CB;
@@ -260,38 +261,31 @@ unsafe fn block(
         let transform_in = |(ib, rows): (usize, &mut [f32])| unsafe {
             input_transform(p, tiles, input, ib, rows, v.0, v_stride);
         };
-        let pt = crate::cpu::blocked::tile::shape().1;
         let block_tiles = crate::cpu::blocked::tile::BlockTiles::new(ocb);
         let groups = block_tiles.count();
         let product = |task: usize| {
             let xi = task / groups;
             let (ob, nob) = block_tiles.get(task % groups);
-            // Tiles of equal size, at most pt.
-            let mut chunks = nt.div_ceil(pt);
-            let mut t = 0;
-            while t < nt {
-                let np = (nt - t).div_ceil(chunks);
-                chunks -= 1;
-                // SAFETY: position xi's transformed input holds icb blocks
-                // of nt tiles, its product ocb blocks of nt tiles; the
-                // packed weights ocb blocks of icp * 8 per position.
-                unsafe {
-                    tile(
-                        nob,
-                        np,
-                        v.0.add(xi * v_stride + t * CB),
+            // SAFETY: position xi's transformed input holds icb blocks of nt
+            // tiles, its product ocb blocks of nt tiles; the packed weights
+            // ocb blocks of icp * 8 per position.
+            unsafe {
+                row(
+                    nob,
+                    nt,
+                    &tile(
+                        v.0.add(xi * v_stride),
                         nt * CB,
                         icb,
                         packed.as_ptr().add((xi * ocb + ob) * w_stride),
                         w_stride,
                         ZEROS.as_ptr(),
-                        m.0.add(xi * m_stride + (ob * nt + t) * CB),
+                        m.0.add(xi * m_stride + ob * nt * CB),
                         nt * CB,
                         Default::default(),
-                    )
-                };
-                t += np;
-            }
+                    ),
+                )
+            };
         };
         let transform_out = |ob: usize| unsafe {
             output_transform(
