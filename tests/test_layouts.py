@@ -686,6 +686,13 @@ def test_a_channels_last_input_read_by_another_kernel_is_copied():
         ((13, 27), 5, 2),
         ((7, 7), 3, 2),
         ((6, 9), 7, 2),
+        # Stride 1 on AVX2: the rows' input pixels loaded once for all their
+        # taps, 7 wide in place (58) and padded (9: rows of 5 and 4 pixels);
+        # dilated rows load per tap.
+        ((4, 58), 7, 1),
+        ((5, 9), 3, 1),
+        ((6, 13), 3, (1, 2)),
+        ((3, 60), 5, (2, 1)),
     ],
 )
 def test_depthwise_between_blocked_layers_matches_pytorch(plane, k, stride):
@@ -697,12 +704,23 @@ def test_depthwise_between_blocked_layers_matches_pytorch(plane, k, stride):
     # stride 2 run those kernels from a padded copy, a row's pairs at a time
     # (14x14, 13x27 with odd output widths, 7x7; a 7-wide kernel stays on
     # AVX2). 20 channels leave padding lanes; the skip (stride 1) and ReLU6
-    # may fuse into the depthwise kernel's stores.
+    # may fuse into the depthwise kernel's stores. A tuple in place of the
+    # stride is a dilation (rows, columns), with stride 1.
+    stride, dilation = (1, stride) if isinstance(stride, tuple) else (stride, (1, 1))
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.expand = nn.Conv2d(12, 20, 1)
-            self.dw = nn.Conv2d(20, 20, k, stride, padding=k // 2, groups=20)
+            self.dw = nn.Conv2d(
+                20,
+                20,
+                k,
+                stride,
+                padding=(dilation[0] * (k // 2), dilation[1] * (k // 2)),
+                groups=20,
+                dilation=dilation,
+            )
             self.project = nn.Conv2d(20, 12, 1)
 
         def forward(self, x):
