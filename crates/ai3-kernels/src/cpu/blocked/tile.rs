@@ -214,8 +214,17 @@ unsafe fn row_avx2(nob: usize, np: usize, t: &Tile<'_>) {
     // SAFETY (whole body): the caller's contract, tile by tile.
     unsafe {
         if !(t.blocked && t.step == CB && t.taps == [0] && t.last_lanes == CB) {
-            for (p, n) in equal_tiles(np, 6) {
-                run_avx2(nob, n, &t.skip_pixels(p));
+            for (p, n, k) in equal_groups(np, 6) {
+                let tp = t.skip_pixels(p);
+                if (nob, n) == (2, 6) {
+                    for i in 0..k {
+                        avx2::<2, 6>(&tp.skip_pixels(i * n));
+                    }
+                } else {
+                    for i in 0..k {
+                        run_avx2(nob, n, &tp.skip_pixels(i * n));
+                    }
+                }
             }
             return;
         }

@@ -185,7 +185,6 @@ pub fn conv2d(
     let plane_in = p.in_h * p.in_w;
     let plane_out = oh * ow;
     let last_lanes = p.in_channels - (icb - 1) * CB;
-    let pt = tile::shape().1;
     let block_tiles = tile::BlockTiles::new(ocb);
     let groups = block_tiles.count();
     let threads = threads_for_macs(p.macs());
@@ -238,44 +237,36 @@ pub fn conv2d(
                 // Channels of each output block of the tile.
                 let valid: [usize; OBT_MAX] =
                     std::array::from_fn(|o| CB.min(p.out_channels.saturating_sub((ob + o) * CB)));
-                let mut x = 0;
-                let mut tiles = ow.div_ceil(pt);
-                while x < ow {
-                    let np = (ow - x).div_ceil(tiles);
-                    tiles -= 1;
-                    let at = ob * out_block + (y * ow + x) * px;
-                    // SAFETY: AVX2 and FMA; the tile reads pixels x..x + np
-                    // of row y's windows inside the padded buffer, the
-                    // weights and bias of blocks ob..ob + nob, and writes
-                    // those pixels of those channels' planes, which this
-                    // task alone owns (the residual, checked, has the
-                    // output's length).
-                    unsafe {
-                        tile::run(
-                            nob,
-                            np,
-                            &Tile {
-                                x: row.as_ptr().add(x * p.stride.1 * px_in),
-                                x_block: in_block,
-                                icb,
-                                last_lanes,
-                                taps,
-                                step: p.stride.1 * px_in,
-                                w: packed.as_ptr().add(ob * w_stride),
-                                w_stride,
-                                bias: bias.as_ptr().add(ob * CB),
-                                out: out.0.add(at),
-                                out_block,
-                                blocked,
-                                lane,
-                                valid,
-                                residual: residual.map_or(std::ptr::null(), |r| r[at..].as_ptr()),
-                                clamp: fused.clamp,
-                            },
-                        )
-                    };
-                    x += np;
-                }
+                let at = ob * out_block + y * ow * px;
+                // SAFETY: AVX2 and FMA; the tiles read row y's windows
+                // inside the padded buffer, the weights and bias of blocks
+                // ob..ob + nob, and write row y of those channels' planes,
+                // which this task alone owns (the residual, checked, has the
+                // output's length).
+                unsafe {
+                    tile::row(
+                        nob,
+                        ow,
+                        &Tile {
+                            x: row.as_ptr(),
+                            x_block: in_block,
+                            icb,
+                            last_lanes,
+                            taps,
+                            step: p.stride.1 * px_in,
+                            w: packed.as_ptr().add(ob * w_stride),
+                            w_stride,
+                            bias: bias.as_ptr().add(ob * CB),
+                            out: out.0.add(at),
+                            out_block,
+                            blocked,
+                            lane,
+                            valid,
+                            residual: residual.map_or(std::ptr::null(), |r| r[at..].as_ptr()),
+                            clamp: fused.clamp,
+                        },
+                    )
+                };
                 if let Some(e) = epilogue {
                     for o in 0..nob {
                         let row = (ob + o) * out_block + y * ow * CB;
