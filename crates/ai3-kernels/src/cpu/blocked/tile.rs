@@ -161,8 +161,8 @@ pub(crate) unsafe fn run(nob: usize, np: usize, t: &Tile<'_>) {
 
 /// Register tiles of `nob` output blocks (at most what [`shape`] gives, or
 /// 3 on AVX2) over `np` consecutive pixels from `t`'s first, in tiles of
-/// equal size ([`equal_tiles`]): [`run`] for each, with the full tile's
-/// instance called from one loop, not dispatched tile by tile.
+/// equal size ([`equal_tiles`]): [`run`] for each, and on AVX2 a 1x1
+/// tile's runs of equal tiles each in one loop ([`avx2_row`]).
 ///
 /// # Safety
 /// As [`run`], for all `np` pixels.
@@ -214,17 +214,10 @@ unsafe fn row_avx2(nob: usize, np: usize, t: &Tile<'_>) {
     // SAFETY (whole body): the caller's contract, tile by tile.
     unsafe {
         if !(t.blocked && t.step == CB && t.taps == [0] && t.last_lanes == CB) {
-            for (p, n, k) in equal_groups(np, 6) {
-                let tp = t.skip_pixels(p);
-                if (nob, n) == (2, 6) {
-                    for i in 0..k {
-                        avx2::<2, 6>(&tp.skip_pixels(i * n));
-                    }
-                } else {
-                    for i in 0..k {
-                        run_avx2(nob, n, &tp.skip_pixels(i * n));
-                    }
-                }
+            // Other tiles (the direct kernel's taps) reduce long enough for
+            // a call per tile not to count (measured: the same time).
+            for (p, n) in equal_tiles(np, 6) {
+                run_avx2(nob, n, &t.skip_pixels(p));
             }
             return;
         }
