@@ -22,10 +22,6 @@ from torch import nn
 # The blocked kernels are f32 with AVX2 and FMA; with a lower level every
 # value stays NCHW (checked below in a process of its own).
 BLOCKED = _core.cpu_isa() in ("avx2", "avx512")
-# With AVX-512, 'default' runs a 3x3 layer of fewer than 8 input channels on
-# direct's blocked kernel, which reads NCHW input and writes blocks; with
-# AVX2 on GEMM's tiles, NCHW.
-STEM_INTO_BLOCKS = _core.cpu_isa() == "avx512"
 
 
 class InvertedResidual(nn.Module):
@@ -106,16 +102,12 @@ def test_a_mobile_network_runs_blocked_and_matches_pytorch(batch, c):
     assert len(blocked) >= len(rows) - 5, str(rows)
     assert rows[-1]["layout"] == "NCHW"
     reorders = [(r["name"], x) for r in rows for x in r["reorders"]]
-    if STEM_INTO_BLOCKS:
-        # The stem reads the NCHW image and writes blocks: out once only.
-        assert rows[0]["layout"] == "NCHW8c" and not rows[0]["reorders"], rows[0]
-        assert len(reorders) == 1 and reorders[0][1].endswith("-> NCHW"), reorders
-    else:
-        # In once (the stem's output, read by the first block's expansion
-        # and its skip) and out once (the pooled features, to flatten).
-        assert rows[0]["layout"] == "NCHW"
-        assert len(reorders) == 2, reorders
-        assert reorders[0][1].endswith("-> NCHW8c") and reorders[1][1].endswith("-> NCHW")
+    # 'default' runs the stem, planned blocked, on direct's blocked kernel
+    # (whatever it picks in NCHW), which reads the NCHW image and writes
+    # blocks: out once only.
+    assert rows[0]["layout"] == "NCHW8c" and not rows[0]["reorders"], rows[0]
+    assert rows[0]["algorithm"] == "direct", rows[0]
+    assert len(reorders) == 1 and reorders[0][1].endswith("-> NCHW"), reorders
     assert "NCHW8c" in str(rows) and "reorders" in str(rows)
 
     model.blocked_layouts = False
@@ -475,18 +467,12 @@ def test_fire_modules_and_max_pooling_run_blocked(batch, ceil_mode):
     rows = model.summary(tuple(x.shape))
     pools = [r["layout"] for r in rows if r["op"] in ("maxpool2d", "avgpool2d")]
     cats = {r["layout"] for r in rows if r["op"] == "cat"}
-    if STEM_INTO_BLOCKS:
+    if BLOCKED:
         # The stem reads the NCHW image and writes blocks: the run starts
         # there, with nothing to reorder in.
         assert pools == ["NCHW8c"] * 3 and cats == {"NCHW8c"}, rows
         assert rows[0]["layout"] == "NCHW8c", rows
         assert [r["reorders"] for r in rows if r["reorders"]] == [["'9' -> NCHW"]], rows
-    elif BLOCKED:
-        # The first pooling reads the stem's NCHW output: run NCHW, it hands
-        # the blocked run a quarter of the elements to reorder.
-        assert pools == ["NCHW", "NCHW8c", "NCHW8c"] and cats == {"NCHW8c"}, rows
-        first = next(i for i, r in enumerate(rows) if r["op"] == "maxpool2d")
-        assert not rows[first]["reorders"] and rows[first + 1]["reorders"], rows
     else:
         assert set(pools) == cats == {"NCHW"}, rows
     model.blocked_layouts = False

@@ -449,10 +449,12 @@ impl Graph {
             .zip(reorders)
             .map(|(node, reorders)| {
                 let (refs, candidates) = self.node_candidates(node, &shapes)?;
-                let algorithm = node
-                    .op
-                    .algorithm_for_inputs(&refs)
-                    .map_err(|e| with_node(e, &node.name))?;
+                let layout = route.layouts[node.output];
+                let algorithm = match layout {
+                    Layout::Blocked => node.op.blocked_algorithm_for(&refs),
+                    Layout::Nchw => node.op.algorithm_for_inputs(&refs),
+                }
+                .map_err(|e| with_node(e, &node.name))?;
                 let workspace_bytes = candidates
                     .iter()
                     .find(|c| c.algorithm.name() == algorithm)
@@ -465,7 +467,7 @@ impl Graph {
                     output_shape: shapes[node.output].clone(),
                     fused: fused_name(node.op.as_ref()),
                     workspace_bytes,
-                    layout: route.layouts[node.output],
+                    layout,
                     reorders,
                 })
             })

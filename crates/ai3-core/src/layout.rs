@@ -23,10 +23,10 @@
 //! ([`Blocked::EitherInput`]: direct's blocked kernel for fewer than 8
 //! input channels), taking a blocked producer's output as it is and an
 //! NCHW value where it lies: an RGB input layer on it starts the run with
-//! no reorder of the image (with AVX-512, where `'default'` runs such
-//! layers on it, the benchmark's CNNs but ConvNeXt, whose patches are
-//! permuted next, run blocked from their first layer to their pooling,
-//! with one reorder, out).
+//! no reorder of the image (`'default'` runs such layers on it when their
+//! output is planned blocked, see [`crate::registry::image_into_blocks`]:
+//! the benchmark's CNNs but ConvNeXt, whose patches are permuted next, run
+//! blocked from their first layer to their pooling, with one reorder, out).
 //!
 //! A plan is kept per input shape, but `'default'` follows the thread
 //! count: a node planned blocked whose algorithm has no blocked kernel any

@@ -333,14 +333,32 @@ fn direct_preferred(problem: &Problem) -> bool {
 fn tiles_preferred(p: &Conv2dParams, dtype: DType) -> bool {
     let large_rgb_kernel = p.in_channels_per_group() < FEW_INPUT_CHANNELS
         && p.kernel_h * p.kernel_w >= LARGE_KERNEL_TAPS;
-    let into_blocks = p.in_channels < ai3_kernels::cpu::blocked::BLOCK
-        && ai3_kernels::isa::avx512()
-        && direct::reads_nchw_into_blocked(p);
+    let into_blocks = ai3_kernels::isa::avx512() && image_into_blocks(p, dtype);
     dtype == DType::F32
         && p.groups == 1
         && tiled::applies::<f32>(p)
         && !large_rgb_kernel
         && !into_blocks
+}
+
+/// Whether `'default'` runs `p` on direct's blocked kernel wherever the
+/// layer's output is planned channel-blocked (see [`crate::layout`]): an
+/// f32 layer without groups and with fewer input channels than a block (an
+/// RGB input layer), which that kernel reads NCHW as it lies
+/// (`direct::reads_nchw_into_blocked`) and writes in blocks, so that the
+/// blocked run starts with no reorder. With AVX-512 [`resolve`] picks
+/// direct for such layers in any layout ([`tiles_preferred`]); with AVX2,
+/// where GEMM's tiles stay the NCHW choice (direct measured 1.7-6% slower
+/// for swapped networks, whose layers write NCHW), the planned layout
+/// decides: mobilenet_v2 converted 0.99x the time at batch 1 and 0.98x at
+/// batch 10, squeezenet1_1 0.99x, efficientnet_b0 1.0x (Zen 4, 2 threads,
+/// paired processes).
+pub fn image_into_blocks(p: &Conv2dParams, dtype: DType) -> bool {
+    dtype == DType::F32
+        && p.groups == 1
+        && p.in_channels < ai3_kernels::cpu::blocked::BLOCK
+        && direct::reads_nchw_into_blocked(p)
+        && padded_copy_is_small(p)
 }
 
 /// Kernel taps (`kernel_h * kernel_w`) from which a layer with few input

@@ -491,13 +491,20 @@ impl Conv2d {
     /// The blocked kernel that computes `p` for this layer, if any: the
     /// depthwise or channel-block path of `'direct'`, the blocked kernel of
     /// `'winograd'`, or the 1x1 GEMM of `'gemm'`, with the elements it
-    /// saves against the NCHW kernel (see [`crate::layout`]).
+    /// saves against the NCHW kernel (see [`crate::layout`]). `'default'`
+    /// takes direct's for the layers [`registry::image_into_blocks`] names,
+    /// whatever it runs them on in NCHW.
     fn blocked_kernel(&self, p: &Conv2dParams) -> Option<(Algorithm, usize)> {
-        if self.padding_mode != PadMode::Zeros || self.weight.dtype() != crate::DType::F32 {
+        let dtype = self.weight.dtype();
+        if self.padding_mode != PadMode::Zeros || dtype != crate::DType::F32 {
             return None;
         }
         let (numel_in, numel_out) = (p.input_len(), p.output_len());
-        match self.algorithm(p).ok()? {
+        let algorithm = match self.request {
+            Request::Default if registry::image_into_blocks(p, dtype) => Algorithm::Direct,
+            _ => self.algorithm(p).ok()?,
+        };
+        match algorithm {
             // The transposes into and out of its channel blocks (depthwise,
             // or the blocked direct kernel's padded copy and scattered stores).
             Algorithm::Direct
@@ -537,7 +544,7 @@ impl Conv2d {
             && p.in_channels < ai3_kernels::cpu::blocked::BLOCK
             && !depthwise::applies_blocked(p)
             && direct::reads_nchw_into_blocked(p)
-            && matches!(self.algorithm(p), Ok(Algorithm::Direct))
+            && matches!(self.blocked_kernel(p), Some((Algorithm::Direct, _)))
     }
 
     /// The algorithm whose kernel reads and writes `p` channels last, if
@@ -661,6 +668,15 @@ impl Operation for Conv2d {
                 None => Blocked::No,
             },
             _ => Blocked::No,
+        }
+    }
+
+    fn blocked_algorithm_for(&self, inputs: &[&[usize]]) -> Result<String> {
+        let (x, _) = self.split(inputs)?;
+        let (p, _) = self.params_for(x)?;
+        match self.blocked_kernel(&p) {
+            Some((algorithm, _)) => Ok(algorithm.name().into()),
+            None => Ok(self.algorithm(&p)?.name().into()),
         }
     }
 

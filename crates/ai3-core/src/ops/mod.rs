@@ -128,6 +128,13 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn blocked(&self, _inputs: &[&[usize]]) -> Blocked {
         Blocked::No
     }
+    /// The algorithm that runs for inputs of these shapes when the node is
+    /// planned blocked (what a summary shows then); by default that of
+    /// [`Self::algorithm_for_inputs`]. A convolution's `'default'` may pick
+    /// another kernel for a blocked output than for an NCHW one.
+    fn blocked_algorithm_for(&self, inputs: &[&[usize]]) -> Result<String> {
+        self.algorithm_for_inputs(inputs)
+    }
     /// Computes the blocked `output` from blocked `inputs` (tensors of the
     /// physical shapes [`crate::layout::blocked_shape`] gives; NCHW ones
     /// too for [`Blocked::EitherInput`], see [`crate::layout::is_nchw`]),
