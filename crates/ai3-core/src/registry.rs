@@ -347,7 +347,7 @@ fn tiles_preferred(p: &Conv2dParams, dtype: DType) -> bool {
 /// RGB input layer), which that kernel reads NCHW as it lies
 /// (`direct::reads_nchw_into_blocked`) and writes in blocks, so that the
 /// blocked run starts with no reorder. With AVX-512 [`resolve`] picks
-/// direct for such layers in any layout ([`tiles_preferred`]); with AVX2,
+/// direct for such layers in any layout (`tiles_preferred`); with AVX2,
 /// where GEMM's tiles stay the NCHW choice (direct measured 1.7-6% slower
 /// for swapped networks, whose layers write NCHW), the planned layout
 /// decides: mobilenet_v2 converted 0.99x the time at batch 1 and 0.98x at

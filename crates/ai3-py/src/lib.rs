@@ -1,6 +1,6 @@
 //! `ai3._core`: the Python extension. It only converts between Python and
 //! `ai3-core`: DLPack in and out, the GIL released around every computation,
-//! errors mapped once (see [`errors`]). No algorithm logic lives here.
+//! errors mapped once (see `errors`). No algorithm logic lives here.
 
 mod args;
 mod dlpack;

@@ -137,7 +137,7 @@ pub trait Operation: Send + Sync + fmt::Debug {
     }
     /// Computes the blocked `output` from blocked `inputs` (tensors of the
     /// physical shapes [`crate::layout::blocked_shape`] gives; NCHW ones
-    /// too for [`Blocked::EitherInput`], see [`crate::layout::is_nchw`]),
+    /// too for [`Blocked::EitherInput`], see `crate::layout::is_nchw`),
     /// `shapes` being the inputs' logical shapes. Called only when
     /// [`Self::blocked`] said [`Blocked::Kernel`] or
     /// [`Blocked::EitherInput`] for them.

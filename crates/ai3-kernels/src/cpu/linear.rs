@@ -1,4 +1,4 @@
-//! Fully connected layer as one GEMM: [`gemm`] for any weight, and
+//! Fully connected layer as one GEMM: [`gemm()`] for any weight, and
 //! [`packed`] for an f32 weight packed once when the layer is built.
 
 pub mod packed;

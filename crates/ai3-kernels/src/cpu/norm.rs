@@ -67,7 +67,7 @@ unsafe fn affine_impl<T: Float, F: Fn(T) -> T>(o: &mut [T], x: &[T], a: T, b: T,
 
 /// Layer norm over the last `cols` elements of each of `rows` rows: `(x -
 /// mean) / sqrt(var + eps) * weight + bias`, with the biased variance.
-/// Statistics are accumulated in f64, over [`LANES`](crate::float::LANES) partial sums per row.
+/// Statistics are accumulated in f64, over `LANES` partial sums per row.
 pub fn layernorm<T: Float>(
     cols: usize,
     eps: f64,

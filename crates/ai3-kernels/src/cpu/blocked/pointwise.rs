@@ -10,7 +10,7 @@
 //! stay in L2, run of pixels). Within a task, each register tile of output
 //! blocks sweeps the run's pixels, its weights in L1 throughout, where a
 //! run's input can be made small enough to stay in L1 (see
-//! [`sweep_input_bytes`]); otherwise each tile of pixels is used by every
+//! `sweep_input_bytes`); otherwise each tile of pixels is used by every
 //! block of the group while it is in L1. The fused epilogue (a residual, an activation) runs on each
 //! finished output strip.
 

@@ -4,7 +4,7 @@
 //! `[icg * kh * kw, columns]` matrix and multiplied by the group's weight
 //! `[ocg, icg * kh * kw]`, which is already in the right layout. The output
 //! columns are processed in blocks so the unrolled matrix stays within
-//! [`WORKSPACE_ELEMENTS`](super::WORKSPACE_ELEMENTS) however large the image.
+//! `WORKSPACE_ELEMENTS` however large the image.
 
 use rayon::prelude::*;
 

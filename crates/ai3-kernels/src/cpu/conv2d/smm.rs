@@ -4,7 +4,7 @@
 //! Each output plane is the sum, over (input channel, kernel row, kernel
 //! column), of the input plane shifted by that tap (with stride and dilation)
 //! and scaled by the tap's scalar weight. The input is zero-packed once
-//! ([`Padded`]: padded, and split into column phases so a strided tap is
+//! (`Padded`: padded, and split into column phases so a strided tap is
 //! still a contiguous shifted matrix), so every scalar-matrix product is a
 //! plain `acc += w * shifted` over whole rows with no bounds checks.
 //!

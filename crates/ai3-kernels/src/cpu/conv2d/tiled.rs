@@ -1,5 +1,5 @@
 //! The GEMM algorithm's f32 path (see [`applies`] for the layers it takes)
-//! on the [register tiles](crate::cpu::tile), im2col never materialised whole.
+//! on the register tiles (`crate::cpu::tile`), im2col never materialised whole.
 //!
 //! For each `(image, group)`, `out[ocg, hw] = W[ocg, K] @ cols[K, hw]`, with
 //! `K = icg * kh * kw`: the weight is `A` in PyTorch's own layout, and `cols`
@@ -7,7 +7,7 @@
 //! time, straight into the column panels the tile reads (`[kc][nr]` each).
 //! A 1x1 layer with stride 1 and no padding reads its input rows as they
 //! lie: in place when a task has few output channels, else copied into
-//! panels (see [`IN_PLACE_ROWS`]). Tasks are jobs times blocks of output
+//! panels (see `IN_PLACE_ROWS`). Tasks are jobs times blocks of output
 //! channels; each task's output block starts from the bias in registers and
 //! gets the fused epilogue (residual, activation) as soon as it is finished,
 //! while it is in cache.
@@ -15,10 +15,10 @@
 //! Columns that must be unrolled (larger or strided kernels) are packed once
 //! per job: by the task that owns the whole job when there are enough jobs
 //! for the threads, else by all threads together before the channel blocks
-//! share them ([`shared_columns`]). A 1x1 layer's input rows are cheap
+//! share them (`shared_columns`). A 1x1 layer's input rows are cheap
 //! enough to read again per channel block.
 //!
-//! Within a task the reduction runs in blocks of [`KC`]; each row of tiles
+//! Within a task the reduction runs in blocks of `KC`; each row of tiles
 //! then passes over the job's pixels, so a layer's weights (most of what
 //! the late, small-image layers read) come from memory once per job.
 

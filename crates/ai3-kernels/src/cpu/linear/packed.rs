@@ -4,9 +4,9 @@
 //! micro-kernel reads one contiguous row of `nr` weights per step of the
 //! reduction and broadcasts one input value per row against it.
 //!
-//! The micro-kernel ([`crate::cpu::tile`]) holds an `mr x nr` block of the
+//! The micro-kernel (`crate::cpu::tile`) holds an `mr x nr` block of the
 //! output in registers. Tasks are blocks of rows times groups of panels;
-//! within a task the reduction runs in blocks of [`KC`], so that one panel's
+//! within a task the reduction runs in blocks of `KC`, so that one panel's
 //! block stays in L1 while every row block of the task passes over it, and
 //! the rows' block stays in L2 across panels. Packing once matters most for
 //! few rows (a batch of images through a classifier): the product then

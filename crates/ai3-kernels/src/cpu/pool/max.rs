@@ -9,7 +9,7 @@ use crate::Float;
 /// dilation spreads the window, `ceil_mode` windows are clipped to the input,
 /// and a NaN anywhere in a window makes that output NaN.
 ///
-/// Separable (see [`pool`]): a window's rows are folded into one, whose
+/// Separable (see `pool`): a window's rows are folded into one, whose
 /// windows along the width give the output row.
 ///
 /// A buffer of the wrong length is an error before anything is written; a

@@ -3,7 +3,7 @@
 //! and ConvNeXt-style layers.
 //!
 //! f32 on a CPU with AVX2 and FMA runs on blocks of 8 channels interleaved
-//! per pixel ([`blocked`]): every lane of every vector product is useful
+//! per pixel (`blocked`): every lane of every vector product is useful
 //! whatever the plane's size or the stride. Elsewhere (f64, other CPUs),
 //! each output plane is computed on its own. The input plane it reads is
 //! copied once, zero-padded, into a per-thread buffer split by phase in both
@@ -12,7 +12,7 @@
 //! and dilation each kernel tap reads the sub-plane of one phase at a fixed
 //! offset. The output is then computed as one flat run over the sub-plane's
 //! width (`out_h` rows of `ceil(padded_w / stride_w)` columns; the columns
-//! past `out_w` are computed and dropped), in chunks of [`CHUNK`] values held
+//! past `out_w` are computed and dropped), in chunks of `CHUNK` values held
 //! in registers across all taps, starting from the bias. Small planes (7x7,
 //! 14x14) thus still fill whole vectors. The valid columns are copied out and
 //! the fused epilogue (an activation) runs on the finished plane while it is
@@ -20,7 +20,7 @@
 //! its copy.
 //!
 //! Channels-last (NHWC) input runs 16 channels a register on AVX-512 for
-//! stride 1 ([`nhwc`]), else on the 8-channel blocks in place.
+//! stride 1 (`nhwc`), else on the 8-channel blocks in place.
 //!
 //! These loops are plain Rust compiled once per [ISA level](crate::isa), so
 //! they run on 16 (AVX-512), 8 (AVX2) or the baseline's lanes.

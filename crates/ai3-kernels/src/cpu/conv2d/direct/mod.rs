@@ -1,10 +1,10 @@
 //! Direct convolution, register-blocked.
 //!
 //! The input is copied once into a zero-padded, column-phase-split buffer
-//! ([`Padded`]) so every tap becomes a unit-stride shifted read. The output is
+//! (`Padded`) so every tap becomes a unit-stride shifted read. The output is
 //! cut into blocks of `MR` output channels by `NV` slots (a slot is up to one
 //! vector of consecutive columns of one output row, of any image); a
-//! [microkernel](kernel) keeps the block's accumulators in registers while it
+//! microkernel (`kernel`) keeps the block's accumulators in registers while it
 //! reduces over input channels and kernel taps. Weights are packed ([`pack`],
 //! once per layer in a model) so the `MR` weights of a tap are adjacent.
 //!
