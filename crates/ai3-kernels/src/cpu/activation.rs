@@ -291,6 +291,42 @@ unsafe fn apply_avx2(data: &mut [f32], act: Vectorised) {
     }
 }
 
+/// `1 + exp(-v)` on 8 lanes, with `-v` clamped to `[-87, 88]` (min and max
+/// keep a NaN, their second operand) for
+/// [`crate::float::avx2::exp_in_range`]: past it `sigmoid(v)` is 1, or
+/// under 2e-38, either way. `#[inline(always)]` as [`act8`], its caller.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn denominator8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+    unsafe {
+        let minus_v = _mm256_sub_ps(_mm256_setzero_ps(), v);
+        let a = _mm256_min_ps(
+            _mm256_set1_ps(88.0),
+            _mm256_max_ps(_mm256_set1_ps(-87.0), minus_v),
+        );
+        _mm256_add_ps(_mm256_set1_ps(1.0), crate::float::avx2::exp_in_range(a))
+    }
+}
+
+/// `x / (1 + exp(-v))` on 8 lanes ([`denominator8`]), NaN for `x = -inf`
+/// as the unclamped quotient (`-inf / inf`) and PyTorch give it.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn times_sigmoid8(
+    x: std::arch::x86_64::__m256,
+    v: std::arch::x86_64::__m256,
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+    unsafe {
+        let y = _mm256_div_ps(x, denominator8(v));
+        let minus_inf = _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_set1_ps(f32::NEG_INFINITY));
+        _mm256_blendv_ps(y, _mm256_set1_ps(f32::NAN), minus_inf)
+    }
+}
+
 /// [`vector`]'s formulas on 8 lanes, with [`crate::float::avx2::exp`].
 ///
 /// Without `#[target_feature]` so it may be `#[inline(always)]`: LLVM
@@ -307,16 +343,15 @@ unsafe fn act8(x: std::arch::x86_64::__m256, act: Vectorised) -> std::arch::x86_
         let one = _mm256_set1_ps(1.0);
         let neg = |v| _mm256_sub_ps(_mm256_setzero_ps(), v);
         let tanh = match act {
-            Vectorised::Silu => return _mm256_div_ps(x, _mm256_add_ps(one, exp(neg(x)))),
-            Vectorised::Sigmoid => return _mm256_div_ps(one, _mm256_add_ps(one, exp(neg(x)))),
+            Vectorised::Silu => return times_sigmoid8(x, x),
+            Vectorised::Sigmoid => return _mm256_div_ps(one, denominator8(x)),
             Vectorised::Gelu { tanh } => tanh,
         };
         if tanh {
             let k = (2.0 / std::f32::consts::PI).sqrt();
             let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
             let inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x);
-            let e = exp(_mm256_mul_ps(_mm256_set1_ps(-2.0 * k), inner));
-            return _mm256_div_ps(x, _mm256_add_ps(one, e));
+            return times_sigmoid8(x, _mm256_mul_ps(_mm256_set1_ps(2.0 * k), inner));
         }
         let z = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
         let sign_bit = _mm256_set1_ps(-0.0);
