@@ -158,20 +158,15 @@ pub(crate) mod avx512 {
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
-    /// `exp(x)` on 8 lanes: [`super::avx512::exp`]'s reduction and
-    /// polynomial, with the `2^n` built in the exponent bits as
-    /// [`super::exp_f32`] does; 0 below -87.5, infinity above 88.7228, NaN
-    /// stays NaN.
+    /// `x = n ln 2 + r` with `|r| <= ln 2 / 2` on 8 lanes: `n` (integral)
+    /// and `exp(r)` by the polynomial of Cephes' `expf`, `x` finite or NaN.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn exp(x: __m256) -> __m256 {
-        let (lo, hi) = (_mm256_set1_ps(-87.5), _mm256_set1_ps(88.722_8));
-        // min/max return their second operand where one is NaN: x goes second.
-        let xc = _mm256_max_ps(lo, _mm256_min_ps(hi, x));
+    unsafe fn reduced(x: __m256) -> (__m256, __m256) {
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(xc, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(super::EXP_LN2[0]), xc);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(super::EXP_LN2[0]), x);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(super::EXP_LN2[1]), r);
         let mut p = _mm256_set1_ps(super::EXP_POLY[0]);
         for c in &super::EXP_POLY[1..] {
@@ -182,6 +177,20 @@ pub(crate) mod avx2 {
             r,
             _mm256_add_ps(r, _mm256_set1_ps(1.0)),
         );
+        (n, p)
+    }
+
+    /// `exp(x)` on 8 lanes: [`super::avx512::exp`]'s reduction and
+    /// polynomial, with the `2^n` built in the exponent bits as
+    /// [`super::exp_f32`] does; 0 below -87.5, infinity above 88.7228, NaN
+    /// stays NaN.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn exp(x: __m256) -> __m256 {
+        let (lo, hi) = (_mm256_set1_ps(-87.5), _mm256_set1_ps(88.722_8));
+        // min/max return their second operand where one is NaN: x goes second.
+        let xc = _mm256_max_ps(lo, _mm256_min_ps(hi, x));
+        let (n, p) = reduced(xc);
         // 2^(n-1) * 2: n reaches 128 at the top of the range, one past f32's exponents.
         let bits = _mm256_max_epi32(
             _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126)),
@@ -206,20 +215,7 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn exp_in_range(x: __m256) -> __m256 {
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(super::EXP_LN2[0]), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(super::EXP_LN2[1]), r);
-        let mut p = _mm256_set1_ps(super::EXP_POLY[0]);
-        for c in &super::EXP_POLY[1..] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
-        }
-        let p = _mm256_fmadd_ps(
-            _mm256_mul_ps(p, r),
-            r,
-            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
-        );
+        let (n, p) = reduced(x);
         let bits = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
         _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(bits)))
     }
