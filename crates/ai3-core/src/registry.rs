@@ -1032,11 +1032,21 @@ mod tests {
             false => Algorithm::Direct,
         };
         // RGB layers: the tiles, but with AVX-512 direct's blocked kernel,
-        // which reads them NCHW and writes channel blocks.
+        // which reads them NCHW and writes channel blocks. Planned blocked,
+        // that kernel wherever the CPU has it (`image_into_blocks`); not in
+        // f64, nor for a whole block of input channels.
         let rgb = f32_conv(3, 3, 2, 1);
         let into_blocks = match &rgb {
             Problem::Conv2d(p, _) => {
-                direct::reads_nchw_into_blocked(p) && ai3_kernels::isa::avx512()
+                let blocks = direct::reads_nchw_into_blocked(p);
+                assert_eq!(image_into_blocks(p, DType::F32), blocks);
+                assert!(!image_into_blocks(p, DType::F64));
+                let full = Conv2dParams {
+                    in_channels: 8,
+                    ..*p
+                };
+                assert!(!image_into_blocks(&full, DType::F32));
+                blocks && ai3_kernels::isa::avx512()
             }
             _ => unreachable!(),
         };
