@@ -292,6 +292,7 @@ pub fn conv2d(
 /// columns), rows split between the threads when `parallel`.
 fn pack_channels(p: &Conv2dParams, pw: usize, image: &[f32], buf: &mut [f32], parallel: bool) {
     let (c, plane) = (p.in_channels, p.in_h * p.in_w);
+    debug_assert!(c < CB, "{c} channels are packed as blocks");
     let (top, left) = (p.padding.top, p.padding.left);
     let row_len = pw * c;
     let pack_row = |(y, row): (usize, &mut [f32])| {
@@ -313,6 +314,7 @@ fn pack_channels(p: &Conv2dParams, pw: usize, image: &[f32], buf: &mut [f32], pa
             4 => interleave::<4>(inner, std::array::from_fn(src)),
             5 => interleave::<5>(inner, std::array::from_fn(src)),
             6 => interleave::<6>(inner, std::array::from_fn(src)),
+            // 7: the caller copies whole blocks of 8 channels or more as blocks.
             _ => interleave::<7>(inner, std::array::from_fn(src)),
         }
     };
