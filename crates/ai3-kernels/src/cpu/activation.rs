@@ -261,8 +261,18 @@ const ERF_POLY: [f32; 5] = [
     0.254_829_6,
 ];
 
-/// `act` over `data` in place, 8 lanes at a time ([`act8`]), the tail
-/// through a zero-padded vector.
+/// Elements whose logistic arguments [`apply_avx2`] screens at once for
+/// any below [`LOGISTIC_LOW`]: 8 vectors.
+#[cfg(target_arch = "x86_64")]
+const SCREEN: usize = 64;
+
+/// `act` over `data` in place, 8 lanes at a time, the tail through a
+/// zero-padded vector. The logistic forms (SiLU, sigmoid, tanh-GELU) run
+/// [`Logistic::fast8`] on every run of [`SCREEN`] elements whose arguments
+/// all lie at or above [`LOGISTIC_LOW`] (checked first, one comparison for
+/// the run), else [`Logistic::either8`], which gives each element the same
+/// value: an element's result never depends on its neighbours. Exact
+/// GELU goes through [`act8`].
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
@@ -270,7 +280,37 @@ const ERF_POLY: [f32; 5] = [
 #[target_feature(enable = "avx2,fma")]
 unsafe fn apply_avx2(data: &mut [f32], act: Vectorised) {
     use std::arch::x86_64::*;
-    let mut chunks = data.chunks_exact_mut(8);
+    let form = Logistic::of(act);
+    let mut runs = data.chunks_exact_mut(SCREEN);
+    if let Some(f) = form {
+        for run in &mut runs {
+            let p = run.as_mut_ptr();
+            // SAFETY (both loops): the run holds SCREEN = 8 * 8 values; the
+            // CPU has AVX2 and FMA (the caller's promise).
+            unsafe {
+                let mut low = _mm256_set1_ps(0.0);
+                for k in 0..SCREEN / 8 {
+                    // min(v, low) keeps `low` where v is NaN (its second operand).
+                    low = _mm256_min_ps(f.argument8(_mm256_loadu_ps(p.add(8 * k))), low);
+                }
+                let rare = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(
+                    low,
+                    _mm256_set1_ps(LOGISTIC_LOW),
+                )) != 0;
+                for k in 0..SCREEN / 8 {
+                    let x = _mm256_loadu_ps(p.add(8 * k));
+                    let y = if rare { f.either8(x) } else { f.fast8(x) };
+                    _mm256_storeu_ps(p.add(8 * k), y);
+                }
+            }
+        }
+    }
+    let rest = if form.is_some() {
+        runs.into_remainder()
+    } else {
+        data
+    };
+    let mut chunks = rest.chunks_exact_mut(8);
     for c in &mut chunks {
         // SAFETY: c holds 8 values; the CPU has AVX2 and FMA (the caller's promise).
         unsafe {
@@ -288,6 +328,146 @@ unsafe fn apply_avx2(data: &mut [f32], act: Vectorised) {
             _mm256_storeu_ps(lanes.as_mut_ptr(), v);
         }
         tail.copy_from_slice(&lanes[..tail.len()]);
+    }
+}
+
+/// The argument below which the rational logistic ([`logistic_rational8`])
+/// hands over to `exp`: there `sigmoid(v)` is under 1.3e-4, and the
+/// rational's absolute error (under 1.7e-7) would be a relative one past
+/// 1e-3.
+#[cfg(target_arch = "x86_64")]
+const LOGISTIC_LOW: f32 = -9.0;
+
+/// The rational logistic's numerator, `v` times a polynomial in `v^2`
+/// (highest degree first), and its denominator, a polynomial in `v^2`:
+/// Eigen's coefficients for its float `logistic`, which ONNX Runtime's
+/// MLAS uses as well.
+#[cfg(target_arch = "x86_64")]
+const LOGISTIC_NUM: [f32; 5] = [
+    4.370_31e-11,
+    1.156_273_2e-7,
+    6.085_749e-5,
+    8.513_771e-3,
+    2.482_879_5e-1,
+];
+#[cfg(target_arch = "x86_64")]
+const LOGISTIC_DEN: [f32; 6] = [
+    6.102_473_7e-13,
+    5.761_021_4e-9,
+    6.291_068e-6,
+    1.701_988_2e-3,
+    1.168_176_5e-1,
+    9.931_519e-1,
+];
+
+/// `sigmoid(v)` on 8 lanes as `0.5 + p(v) / q(v)` ([`LOGISTIC_NUM`],
+/// [`LOGISTIC_DEN`]) with `v` clamped to `[-18, 18]` and the result to at
+/// most 1: absolute error under 1.7e-7 (measured against f64 on a 1e-5
+/// grid over [-20, 20]), no `exp`. NaN stays NaN. SiLU through it took
+/// 0.66x the time of SiLU through `exp` (one thread, AVX2, in L1).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn logistic_rational8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+    unsafe {
+        // min/max return their second operand where one is NaN: v goes second.
+        let v = _mm256_min_ps(
+            _mm256_set1_ps(18.0),
+            _mm256_max_ps(_mm256_set1_ps(-18.0), v),
+        );
+        let s = _mm256_mul_ps(v, v);
+        let mut p = _mm256_set1_ps(LOGISTIC_NUM[0]);
+        for c in &LOGISTIC_NUM[1..] {
+            p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(*c));
+        }
+        let mut q = _mm256_set1_ps(LOGISTIC_DEN[0]);
+        for c in &LOGISTIC_DEN[1..] {
+            q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(*c));
+        }
+        let y = _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(p, v), q), _mm256_set1_ps(0.5));
+        // min(y, 1) with y second: a NaN stays.
+        _mm256_min_ps(_mm256_set1_ps(1.0), y)
+    }
+}
+
+/// An activation of the form `factor(x) * sigmoid(v(x))` on 8 lanes: SiLU
+/// (`x * sigmoid(x)`), sigmoid (`1 * sigmoid(x)`) and tanh-GELU (`x *
+/// sigmoid(2 k (x + 0.044715 x^3))`, `k = sqrt(2 / pi)`).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum Logistic {
+    Silu,
+    Sigmoid,
+    GeluTanh,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Logistic {
+    /// `act`'s logistic form, if it has one.
+    fn of(act: Vectorised) -> Option<Logistic> {
+        match act {
+            Vectorised::Silu => Some(Logistic::Silu),
+            Vectorised::Sigmoid => Some(Logistic::Sigmoid),
+            Vectorised::Gelu { tanh: true } => Some(Logistic::GeluTanh),
+            Vectorised::Gelu { tanh: false } => None,
+        }
+    }
+
+    /// The logistic's argument `v(x)`.
+    #[inline(always)]
+    unsafe fn argument8(self, x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+        unsafe {
+            match self {
+                Logistic::Silu | Logistic::Sigmoid => x,
+                Logistic::GeluTanh => {
+                    let k2 = 2.0 * (2.0 / std::f32::consts::PI).sqrt();
+                    let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+                    let inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x);
+                    _mm256_mul_ps(_mm256_set1_ps(k2), inner)
+                }
+            }
+        }
+    }
+
+    /// The factor multiplying the logistic.
+    #[inline(always)]
+    unsafe fn factor8(self, x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        match self {
+            Logistic::Silu | Logistic::GeluTanh => x,
+            // SAFETY: AVX is available (the caller's promise).
+            Logistic::Sigmoid => unsafe { _mm256_set1_ps(1.0) },
+        }
+    }
+
+    /// The activation with the rational logistic, for lanes whose argument
+    /// lies at or above [`LOGISTIC_LOW`] (or is NaN).
+    #[inline(always)]
+    unsafe fn fast8(self, x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+        unsafe { _mm256_mul_ps(self.factor8(x), logistic_rational8(self.argument8(x))) }
+    }
+
+    /// [`fast8`](Self::fast8), with the lanes whose argument lies below
+    /// [`LOGISTIC_LOW`] (`-inf` among them) through `exp`
+    /// ([`times_sigmoid8`]) where there are any.
+    #[inline(always)]
+    unsafe fn either8(self, x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+        unsafe {
+            let v = self.argument8(x);
+            let fast = _mm256_mul_ps(self.factor8(x), logistic_rational8(v));
+            let low = _mm256_cmp_ps::<_CMP_LT_OQ>(v, _mm256_set1_ps(LOGISTIC_LOW));
+            if _mm256_movemask_ps(low) == 0 {
+                return fast;
+            }
+            _mm256_blendv_ps(fast, times_sigmoid8(self.factor8(x), v), low)
+        }
     }
 }
 
@@ -327,7 +507,8 @@ unsafe fn times_sigmoid8(
     }
 }
 
-/// [`vector`]'s formulas on 8 lanes, with [`crate::float::avx2::exp`].
+/// [`vector`]'s formulas on 8 lanes: [`Logistic::either8`] for the logistic
+/// forms, exact GELU with [`crate::float::avx2::exp`].
 ///
 /// Without `#[target_feature]` so it may be `#[inline(always)]`: LLVM
 /// declined to inline it, and a call per vector (the vector passed through
@@ -342,16 +523,8 @@ unsafe fn act8(x: std::arch::x86_64::__m256, act: Vectorised) -> std::arch::x86_
     unsafe {
         let one = _mm256_set1_ps(1.0);
         let neg = |v| _mm256_sub_ps(_mm256_setzero_ps(), v);
-        let tanh = match act {
-            Vectorised::Silu => return times_sigmoid8(x, x),
-            Vectorised::Sigmoid => return _mm256_div_ps(one, denominator8(x)),
-            Vectorised::Gelu { tanh } => tanh,
-        };
-        if tanh {
-            let k = (2.0 / std::f32::consts::PI).sqrt();
-            let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-            let inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x);
-            return times_sigmoid8(x, _mm256_mul_ps(_mm256_set1_ps(2.0 * k), inner));
+        if let Some(form) = Logistic::of(act) {
+            return form.either8(x);
         }
         let z = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
         let sign_bit = _mm256_set1_ps(-0.0);
@@ -469,6 +642,60 @@ mod tests {
                         || g == want
                         || (g - want).abs() <= 2e-6 * want.abs().max(1.0);
                     assert!(ok, "{act:?} of {x}: {g} vs {want}");
+                }
+            }
+        }
+    }
+
+    /// The vector sigmoid within 2e-7 of f64's everywhere, within 1e-5
+    /// relative where it is tiny (below the rational's range, through
+    /// `exp`); SiLU and tanh-GELU, computed in long buffers that mix
+    /// arguments far below zero with others, give each element the value
+    /// it has alone (a run screened as a whole never changes a value).
+    #[test]
+    fn logistic_forms_are_accurate_and_elementwise() {
+        let xs: Vec<f32> = (-400_000..400_000).map(|i| i as f32 * 5e-5).collect();
+        let mut got = xs.clone();
+        vectorised_f32_inplace(&mut got, Vectorised::Sigmoid);
+        for (&x, &g) in xs.iter().zip(&got) {
+            let want = 1.0 / (1.0 + (-(x as f64)).exp());
+            assert!(
+                (g as f64 - want).abs() <= 2e-7,
+                "sigmoid({x}) = {g}, not {want}"
+            );
+        }
+        let tiny: Vec<f32> = (1..8000).map(|i| -9.0 - i as f32 * 0.009).collect();
+        let mut got = tiny.clone();
+        vectorised_f32_inplace(&mut got, Vectorised::Sigmoid);
+        for (&x, &g) in tiny.iter().zip(&got) {
+            let want = 1.0 / (1.0 + (-(x as f64)).exp());
+            assert!(
+                (g as f64 / want - 1.0).abs() <= 1e-5,
+                "sigmoid({x}) = {g}, not {want}"
+            );
+        }
+        // Every 37th argument far below the others: most runs of 64 hold one.
+        let mixed: Vec<f32> = (0..4099)
+            .map(|i| {
+                if i % 37 == 0 {
+                    -10.0 - (i % 11) as f32
+                } else {
+                    ((i as f32) * 0.71).sin() * 6.0
+                }
+            })
+            .collect();
+        for act in [
+            Vectorised::Silu,
+            Vectorised::Sigmoid,
+            Vectorised::Gelu { tanh: true },
+        ] {
+            for xs in [&mixed[..], &mixed[..4096], &tiny[..], &xs[..]] {
+                let mut together = xs.to_vec();
+                vectorised_f32_inplace(&mut together, act);
+                for (&x, &t) in xs.iter().zip(&together).step_by(7) {
+                    let mut alone = [x];
+                    vectorised_f32_inplace(&mut alone, act);
+                    assert_eq!(t.to_bits(), alone[0].to_bits(), "{act:?} of {x}");
                 }
             }
         }
