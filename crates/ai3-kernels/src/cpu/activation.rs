@@ -507,8 +507,35 @@ unsafe fn times_sigmoid8(
     }
 }
 
+/// The rational `erf` of [`act8`]: `erf(z) = z p(z^2) / q(z^2)` on `z`
+/// clamped to `[-4, 4]`, numerator (without its `z`) and denominator
+/// highest degree first: Eigen's coefficients for its float `erf` (used by
+/// XLA and TVM as well).
+#[cfg(target_arch = "x86_64")]
+const ERF_NUM: [f32; 7] = [
+    -2.726_142_3e-10,
+    2.770_681_4e-8,
+    -2.101_024e-6,
+    -5.692_506_4e-5,
+    -7.349_906_3e-4,
+    -2.954_6e-3,
+    -1.609_603_3e-2,
+];
+#[cfg(target_arch = "x86_64")]
+const ERF_DEN: [f32; 5] = [
+    -1.456_607_15e-5,
+    -2.133_740_5e-4,
+    -1.682_827e-3,
+    -7.373_329_3e-3,
+    -1.426_473_9e-2,
+];
+
 /// [`vector`]'s formulas on 8 lanes: [`Logistic::either8`] for the logistic
-/// forms, exact GELU with [`crate::float::avx2::exp`].
+/// forms; exact GELU, `x / 2 (1 + erf(x / sqrt 2))`, with a rational `erf`
+/// ([`ERF_NUM`], [`ERF_DEN`]; no `exp`): GELU within 1.5e-6 of f64's,
+/// 0.72 ns an element against 1.05 with Abramowitz and Stegun's formula
+/// and `exp` (one thread, AVX2, in L1), which PyTorch uses and
+/// [`scalar::erf`] follows.
 ///
 /// Without `#[target_feature]` so it may be `#[inline(always)]`: LLVM
 /// declined to inline it, and a call per vector (the vector passed through
@@ -517,30 +544,29 @@ unsafe fn times_sigmoid8(
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn act8(x: std::arch::x86_64::__m256, act: Vectorised) -> std::arch::x86_64::__m256 {
-    use crate::float::avx2::exp;
     use std::arch::x86_64::*;
     // SAFETY (whole body): the CPU has AVX2 and FMA (the caller's promise).
     unsafe {
-        let one = _mm256_set1_ps(1.0);
-        let neg = |v| _mm256_sub_ps(_mm256_setzero_ps(), v);
         if let Some(form) = Logistic::of(act) {
             return form.either8(x);
         }
         let z = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-        let sign_bit = _mm256_set1_ps(-0.0);
-        let a = _mm256_andnot_ps(sign_bit, z);
-        let t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(ERF_P), a, one));
-        let mut r = _mm256_set1_ps(ERF_POLY[0]);
-        for c in &ERF_POLY[1..] {
-            r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(*c));
+        // min/max return their second operand where one is NaN: z goes second.
+        let v = _mm256_max_ps(_mm256_set1_ps(-4.0), _mm256_min_ps(_mm256_set1_ps(4.0), z));
+        let s = _mm256_mul_ps(v, v);
+        let mut p = _mm256_set1_ps(ERF_NUM[0]);
+        for c in &ERF_NUM[1..] {
+            p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(*c));
         }
-        let e = exp(neg(_mm256_mul_ps(z, z)));
-        let y = _mm256_fnmadd_ps(_mm256_mul_ps(r, t), e, one); // erf(|z|)
-                                                               // erf(z) has z's sign: flip y's sign bit where z is negative.
-        let erf = _mm256_xor_ps(y, _mm256_and_ps(z, sign_bit));
+        let mut q = _mm256_set1_ps(ERF_DEN[0]);
+        for c in &ERF_DEN[1..] {
+            q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(*c));
+        }
+        // At the clamp this is exactly 1 or -1 (f32 with FMA), as erf(z) rounds.
+        let erf = _mm256_div_ps(_mm256_mul_ps(v, p), q);
         _mm256_mul_ps(
             _mm256_mul_ps(x, _mm256_set1_ps(0.5)),
-            _mm256_add_ps(one, erf),
+            _mm256_add_ps(_mm256_set1_ps(1.0), erf),
         )
     }
 }
@@ -697,6 +723,36 @@ mod tests {
                     vectorised_f32_inplace(&mut alone, act);
                     assert_eq!(t.to_bits(), alone[0].to_bits(), "{act:?} of {x}");
                 }
+            }
+        }
+    }
+
+    /// The vector exact GELU within 1.5e-6 of f64's on [-8, 8], and
+    /// exactly `x` or zero where `erf(x / sqrt 2)` rounds to 1 or -1 in f32,
+    /// however large `x` (a rational `erf` a step short of 1 at its clamp
+    /// would leave `x` times that step).
+    #[test]
+    fn exact_gelu_is_accurate_and_saturates() {
+        let gelu = |x: f64| 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
+        let xs: Vec<f32> = (-80_000..80_000).map(|i| i as f32 * 1e-4).collect();
+        let mut got = xs.clone();
+        vectorised_f32_inplace(&mut got, Vectorised::Gelu { tanh: false });
+        for (&x, &g) in xs.iter().zip(&got) {
+            let want = gelu(x as f64);
+            assert!(
+                (g as f64 - want).abs() <= 1.5e-6,
+                "gelu({x}) = {g}, not {want}"
+            );
+        }
+        let edge = 4.0 * std::f32::consts::SQRT_2;
+        let far: Vec<f32> = (0..2000).map(|i| edge * 1.0001 * 1.01f32.powi(i)).collect();
+        for sign in [1.0f32, -1.0] {
+            let xs: Vec<f32> = far.iter().map(|x| sign * x).collect();
+            let mut got = xs.clone();
+            vectorised_f32_inplace(&mut got, Vectorised::Gelu { tanh: false });
+            for (&x, &g) in xs.iter().zip(&got) {
+                let want = if sign > 0.0 { x } else { 0.0 };
+                assert_eq!(g, want, "gelu({x})");
             }
         }
     }
