@@ -152,8 +152,131 @@ pub fn permute<T: Float>(
         return Ok(());
     }
     let (dims, strides) = collapse_permutation(shape, perm);
-    gather_rows(0, &dims, &strides, input, output);
+    if let Some((batch, a, b)) = as_transpose(&dims, &strides) {
+        transpose(batch, a, b, input, output);
+    } else {
+        gather_rows(0, &dims, &strides, input, output);
+    }
     Ok(())
+}
+
+/// Whether a collapsed permutation ([`collapse_permutation`]) is a batch of
+/// matrix transposes, `[n, a, b]` with strides `[a * b, 1, a]` (or `[a, b]`
+/// with `[1, a]`): NCHW to NHWC and back (`[n, h * w, c]` from `[n, c, h *
+/// w]`), ConvNeXt's permutes around its LayerNorm and MLP. Returns `(n, a,
+/// b)`.
+fn as_transpose(dims: &[usize], strides: &[usize]) -> Option<(usize, usize, usize)> {
+    match (dims, strides) {
+        (&[a, b], &[1, s]) if s == a => Some((1, a, b)),
+        (&[n, a, b], &[sn, 1, s]) if s == a && sn == a * b => Some((n, a, b)),
+        _ => None,
+    }
+}
+
+/// Square tiles of the output that [`transpose`] hands to a task: a task
+/// reads `TRANSPOSE_TILE` rows of the input and writes as many of the
+/// output, each a short contiguous run, all within L1 and L2.
+const TRANSPOSE_TILE: usize = 64;
+
+/// `output[n][i][j] = input[n][j][i]` for `n < batch`, `i < a`, `j < b`
+/// (input `[batch, b, a]`, output `[batch, a, b]`), in tiles
+/// ([`TRANSPOSE_TILE`]), in parallel for large inputs; f32 with AVX2 in
+/// 8x8 register transposes. The element-by-element strided gather took
+/// 1.4 ns an element on ConvNeXt's permutes (2 threads, AVX2).
+fn transpose<T: Float>(batch: usize, a: usize, b: usize, input: &[T], output: &mut [T]) {
+    let (ti, tj) = (a.div_ceil(TRANSPOSE_TILE), b.div_ceil(TRANSPOSE_TILE));
+    let tasks = batch * ti * tj;
+    let parallel = output.len() >= PARALLEL_MIN && tasks > 1;
+    let fast = crate::isa::avx2() && crate::float::as_f32(input).is_some();
+    let out = super::conv2d::SharedMut(output.as_mut_ptr());
+    let task = |t: usize| {
+        let out = &out;
+        let (n, r) = (t / (ti * tj), t % (ti * tj));
+        let (i0, j0) = (r / tj * TRANSPOSE_TILE, r % tj * TRANSPOSE_TILE);
+        let (i1, j1) = ((i0 + TRANSPOSE_TILE).min(a), (j0 + TRANSPOSE_TILE).min(b));
+        let x = &input[n * a * b..][..a * b];
+        let y = out.0.wrapping_add(n * a * b);
+        // Whole 8x8 tiles first where they run; the rest element by element.
+        let (i8, j8) = whole_tiles(fast, x, y, a, b, (i0, i1), (j0, j1));
+        for i in i0..i1 {
+            let js = if i < i8 { j8..j1 } else { j0..j1 };
+            for j in js {
+                // SAFETY: i < a and j < b: inside image n's output, which
+                // only this task's tile (rows i0..i1, columns j0..j1) writes.
+                unsafe { *y.add(i * b + j) = x[j * a + i] };
+            }
+        }
+    };
+    if parallel {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// [`transpose`]'s whole 8x8 tiles of output rows `i.0..i.1` and columns
+/// `j.0..j.1` of image `x` (`b x a`) into `y` (`a x b`) when `fast` (f32
+/// with AVX2): where they end, rows and columns (`(i.0, j.0)` when none
+/// ran).
+fn whole_tiles<T: Float>(
+    fast: bool,
+    x: &[T],
+    y: *mut T,
+    a: usize,
+    b: usize,
+    i: (usize, usize),
+    j: (usize, usize),
+) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if fast {
+        let ends = (i.0 + (i.1 - i.0) / 8 * 8, j.0 + (j.1 - j.0) / 8 * 8);
+        // SAFETY: AVX2 is available and T is f32 (`fast`); the tiles lie
+        // within the tile of rows i and columns j of the image's matrices.
+        unsafe {
+            transpose_f32(
+                x.as_ptr().cast(),
+                y.cast(),
+                a,
+                b,
+                (i.0, ends.0),
+                (j.0, ends.1),
+            )
+        };
+        return ends;
+    }
+    let _ = (fast, x, y, a, b);
+    (i.0, j.0)
+}
+
+/// The whole 8x8 tiles of [`transpose`]'s rows `i0..i8` and columns
+/// `j0..j8` (multiples of 8 apart), 8 input rows loaded and stored
+/// transposed.
+///
+/// # Safety
+/// AVX2 and FMA; `x` holds a `b x a` matrix and `y` an `a x b` one, and
+/// the ranges lie within them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose_f32(
+    x: *const f32,
+    y: *mut f32,
+    a: usize,
+    b: usize,
+    (i0, i8): (usize, usize),
+    (j0, j8): (usize, usize),
+) {
+    use super::blocked::transpose::store_transposed;
+    use std::arch::x86_64::_mm256_loadu_ps;
+    for i in (i0..i8).step_by(8) {
+        for j in (j0..j8).step_by(8) {
+            // SAFETY: input rows j..j+8 at columns i..i+8, output rows
+            // i..i+8 at columns j..j+8, all inside (the caller's contract).
+            unsafe {
+                let rows = std::array::from_fn(|k| _mm256_loadu_ps(x.add((j + k) * a + i)));
+                store_transposed(rows, std::array::from_fn(|m| y.add((i + m) * b + j)));
+            }
+        }
+    }
 }
 
 /// `output[i] = input[offset + sum(i_k * strides[k])]` for every index `i`
@@ -344,6 +467,19 @@ mod tests {
             (&[], &[]),
             (&[64, 48, 20], &[2, 0, 1]),
             (&[3, 0, 2], &[2, 1, 0]),
+            // Batches of transposes (NCHW <-> NHWC): whole 8x8 tiles, partial
+            // ones at either edge, several tiles of TRANSPOSE_TILE, one row,
+            // and large enough to run in parallel.
+            (&[2, 16, 4, 6], &[0, 2, 3, 1]),
+            (&[2, 4, 6, 16], &[0, 3, 1, 2]),
+            (&[3, 13, 5, 7], &[0, 2, 3, 1]),
+            (&[1, 96, 9, 9], &[0, 2, 3, 1]),
+            (&[1, 9, 9, 96], &[0, 3, 1, 2]),
+            (&[2, 70, 1, 130], &[0, 3, 2, 1]),
+            (&[1, 1, 7, 40], &[0, 3, 2, 1]),
+            (&[2, 96, 56, 56], &[0, 2, 3, 1]),
+            (&[2, 56, 56, 96], &[0, 3, 1, 2]),
+            (&[200, 300], &[1, 0]),
         ];
         for &(shape, perm) in cases {
             let x = ramp(shape.iter().product());
@@ -351,6 +487,17 @@ mod tests {
             let mut out = vec![f64::NAN; x.len()];
             permute(shape, perm, &x, &mut out).unwrap();
             assert_eq!(out, want, "{shape:?} {perm:?}");
+            // f32 (AVX2's register transposes where the CPU has it); the
+            // ramp's values are exact in f32.
+            let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            let mut outf = vec![f32::NAN; x.len()];
+            permute(shape, perm, &xf, &mut outf).unwrap();
+            let wantf: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+            assert_eq!(outf, wantf, "f32 {shape:?} {perm:?}");
         }
+        assert_eq!(as_transpose(&[5, 7], &[1, 5]), Some((1, 5, 7)));
+        assert_eq!(as_transpose(&[2, 5, 7], &[35, 1, 5]), Some((2, 5, 7)));
+        assert_eq!(as_transpose(&[2, 5, 7], &[70, 1, 5]), None);
+        assert_eq!(as_transpose(&[5, 7], &[7, 1]), None);
     }
 }
