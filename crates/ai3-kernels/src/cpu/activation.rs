@@ -371,23 +371,45 @@ unsafe fn logistic_rational8(v: std::arch::x86_64::__m256) -> std::arch::x86_64:
     use std::arch::x86_64::*;
     // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
     unsafe {
-        // min/max return their second operand where one is NaN: v goes second.
-        let v = _mm256_min_ps(
-            _mm256_set1_ps(18.0),
-            _mm256_max_ps(_mm256_set1_ps(-18.0), v),
+        let y = _mm256_add_ps(
+            odd_rational8(v, 18.0, &LOGISTIC_NUM, &LOGISTIC_DEN),
+            _mm256_set1_ps(0.5),
         );
-        let s = _mm256_mul_ps(v, v);
-        let mut p = _mm256_set1_ps(LOGISTIC_NUM[0]);
-        for c in &LOGISTIC_NUM[1..] {
-            p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(*c));
-        }
-        let mut q = _mm256_set1_ps(LOGISTIC_DEN[0]);
-        for c in &LOGISTIC_DEN[1..] {
-            q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(*c));
-        }
-        let y = _mm256_add_ps(_mm256_div_ps(_mm256_mul_ps(p, v), q), _mm256_set1_ps(0.5));
         // min(y, 1) with y second: a NaN stays.
         _mm256_min_ps(_mm256_set1_ps(1.0), y)
+    }
+}
+
+/// `v num(v^2) / den(v^2)` on 8 lanes for `v` clamped to `[-limit,
+/// limit]` (NaN stays NaN): the odd rational forms of the logistic
+/// ([`logistic_rational8`]) and of `erf` ([`act8`]), the polynomials'
+/// coefficients highest degree first.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn odd_rational8(
+    v: std::arch::x86_64::__m256,
+    limit: f32,
+    num: &[f32],
+    den: &[f32],
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+    unsafe {
+        // min/max return their second operand where one is NaN: v goes second.
+        let v = _mm256_max_ps(
+            _mm256_set1_ps(-limit),
+            _mm256_min_ps(_mm256_set1_ps(limit), v),
+        );
+        let s = _mm256_mul_ps(v, v);
+        let mut p = _mm256_set1_ps(num[0]);
+        for c in &num[1..] {
+            p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(*c));
+        }
+        let mut q = _mm256_set1_ps(den[0]);
+        for c in &den[1..] {
+            q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(*c));
+        }
+        _mm256_div_ps(_mm256_mul_ps(v, p), q)
     }
 }
 
@@ -551,19 +573,8 @@ unsafe fn act8(x: std::arch::x86_64::__m256, act: Vectorised) -> std::arch::x86_
             return form.either8(x);
         }
         let z = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-        // min/max return their second operand where one is NaN: z goes second.
-        let v = _mm256_max_ps(_mm256_set1_ps(-4.0), _mm256_min_ps(_mm256_set1_ps(4.0), z));
-        let s = _mm256_mul_ps(v, v);
-        let mut p = _mm256_set1_ps(ERF_NUM[0]);
-        for c in &ERF_NUM[1..] {
-            p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(*c));
-        }
-        let mut q = _mm256_set1_ps(ERF_DEN[0]);
-        for c in &ERF_DEN[1..] {
-            q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(*c));
-        }
         // At the clamp this is exactly 1 or -1 (f32 with FMA), as erf(z) rounds.
-        let erf = _mm256_div_ps(_mm256_mul_ps(v, p), q);
+        let erf = odd_rational8(z, 4.0, &ERF_NUM, &ERF_DEN);
         _mm256_mul_ps(
             _mm256_mul_ps(x, _mm256_set1_ps(0.5)),
             _mm256_add_ps(_mm256_set1_ps(1.0), erf),
