@@ -152,11 +152,7 @@ pub fn permute<T: Float>(
         return Ok(());
     }
     let (dims, strides) = collapse_permutation(shape, perm);
-    if let Some((batch, a, b)) = as_transpose(&dims, &strides) {
-        transpose(batch, a, b, input, output);
-    } else {
-        gather_rows(0, &dims, &strides, input, output);
-    }
+    gather_rows(0, &dims, &strides, input, output);
     Ok(())
 }
 
@@ -344,7 +340,9 @@ pub fn take_rows<T: Float>(
     Ok(())
 }
 
-/// The loop of [`gather`] and [`permute`], on checked, non-empty dimensions.
+/// The loop of [`gather`] and [`permute`], on checked, non-empty
+/// dimensions: tiles for a batch of transposes ([`as_transpose`]), else row
+/// by row.
 fn gather_rows<T: Float>(
     offset: usize,
     dims: &[usize],
@@ -352,6 +350,11 @@ fn gather_rows<T: Float>(
     input: &[T],
     output: &mut [T],
 ) {
+    if let Some((batch, a, b)) = as_transpose(dims, strides) {
+        // The checks put the last element read, offset + batch * a * b - 1,
+        // inside the input.
+        return transpose(batch, a, b, &input[offset..][..output.len()], output);
+    }
     let rank = dims.len();
     let (inner, step) = (dims[rank - 1], strides[rank - 1]);
     let run = |r: usize, dst: &mut [T]| {
@@ -451,6 +454,38 @@ mod tests {
                 x[in_idx.iter().zip(shape).fold(0, |a, (&i, &d)| a * d + i)]
             })
             .collect()
+    }
+
+    /// A strided view that is a batch of transposes, from an offset (the
+    /// tiled path), and one that is not, against indexing by hand.
+    #[test]
+    fn gather_matches_indexing() {
+        let x = ramp(5 + 2 * 24 * 20);
+        let views: &[(usize, &[usize], &[usize])] = &[
+            (5, &[2, 24, 20], &[480, 1, 24]),
+            (5, &[20, 24], &[1, 20]),
+            (3, &[4, 5, 6], &[90, 1, 7]),
+        ];
+        for &(offset, dims, strides) in views {
+            let mut want = Vec::new();
+            for n in 0..dims[0] {
+                for i in 0..dims[1] {
+                    let rest = dims.get(2).map_or(1, |&d| d);
+                    for j in 0..rest {
+                        let k = strides.get(2).map_or(0, |&s| j * s);
+                        want.push(x[offset + n * strides[0] + i * strides[1] + k]);
+                    }
+                }
+            }
+            let mut out = vec![f64::NAN; want.len()];
+            gather(offset, dims, strides, &x, &mut out).unwrap();
+            assert_eq!(out, want, "{dims:?} {strides:?}");
+            let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            let mut outf = vec![f32::NAN; want.len()];
+            gather(offset, dims, strides, &xf, &mut outf).unwrap();
+            let wantf: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+            assert_eq!(outf, wantf, "f32 {dims:?} {strides:?}");
+        }
     }
 
     #[test]
