@@ -169,7 +169,9 @@ const FEW_INPUT_CHANNELS: usize = 16;
 /// Fewest input channels per group for which `'default'` takes Winograd.
 ///
 /// Its input transform costs per tile in proportion to the input channels,
-/// and below this it outweighs the 2.25x fewer multiplications. Measured
+/// and below this it outweighs the 2.25x fewer multiplications in the NCHW
+/// kernel these figures are from (the blocked kernel takes thinner layers,
+/// [`thin_but_blocked_winograd`]). Measured
 /// (2 threads, AVX2, batch 1, ms, Winograd against the best other): DenseNet's
 /// 128 -> 32 at 56/28/14/7 1.49/0.48/0.19/0.09 against 2.15/0.66/0.21/0.10,
 /// GoogLeNet-like 48 -> 64 at 28x28 0.40 against 0.43, 48 -> 48 even; but
@@ -187,29 +189,39 @@ fn too_thin_for_winograd(p: &Conv2dParams, dtype: DType) -> bool {
 /// Fewest input channels of a thin layer (fewer than
 /// [`WINOGRAD_MIN_CHANNELS`] inputs or at most [`THIN_OUTPUTS`] outputs) that
 /// Winograd's blocked kernel takes, given [`THIN_WINOGRAD_TILES`].
-const THIN_WINOGRAD_CHANNELS: usize = 32;
+const THIN_WINOGRAD_CHANNELS: usize = 16;
 
 /// Fewest 2x2 output tiles (over the batch) of a thin layer that
-/// Winograd's blocked kernel takes: 14x14 at batch 4, 28x28 at batch 1.
+/// Winograd's blocked kernel takes: 14x14 at batch 3, 28x28 at batch 1.
 const THIN_WINOGRAD_TILES: usize = 128;
+
+/// Fewest input channels of a thin layer that Winograd's blocked kernel
+/// takes from [`MIN_WINOGRAD_TILES`] tiles on (DenseNet's 128 -> 32).
+const WIDE_THIN_WINOGRAD_CHANNELS: usize = 128;
 
 /// Whether Winograd's channel-blocked kernel (f32, one group, AVX2 and FMA)
 /// runs a thin 3x3 layer faster than the blocked direct kernel: with at
 /// least [`THIN_WINOGRAD_CHANNELS`] inputs and [`THIN_WINOGRAD_TILES`]
-/// tiles. Measured (2 threads, AVX2, ms, one layer with its ReLU, NCHW in
-/// and out, Winograd against direct): DenseNet's 128 -> 32 at 56/28 1.11 /
-/// 0.28 against 1.43 / 0.38 (batch 1), at 28/14 2.57 / 0.66 against 3.49 /
-/// 0.91 (batch 10); 32 -> 128 at 27x27 0.26 against 0.34; 48 -> 64 and 32
-/// -> 96 at 28x28 0.22 against 0.28. Left to direct: few tiles (128 -> 32
-/// at 14x14 0.166 against 0.115, even at batch 2, 7x7 at batch 10 even) and
-/// 16 or 24 inputs (16 -> 64 at 27x27 0.122 against 0.111, 24 -> 64 at 14x14
-/// batch 10 0.55 against 0.48).
+/// tiles, or [`WIDE_THIN_WINOGRAD_CHANNELS`] inputs and
+/// [`MIN_WINOGRAD_TILES`]. Measured in the networks (2 threads, AVX2, ms
+/// summed over the layers of that shape, each with its ReLU, Winograd
+/// against direct; batch 1 unless said): SqueezeNet's 16 -> 64 at 55x55
+/// 0.46 against 0.71, batch 10 5.2 against 7.3; GoogLeNet's 16 -> 32 at
+/// 28x28 0.061 against 0.085, batch 10 0.37 against 0.57, and at 14x14
+/// batch 10 16 -> 48 0.13 against 0.23, 24 -> 64 0.46 against 0.84;
+/// DenseNet's 128 -> 32 at 14x14 1.64 against 2.48 (24 layers), 7x7 0.55
+/// against 0.59. Left to direct, few tiles and inputs: at 14x14 16 -> 48
+/// 0.064 against 0.041, 24 -> 64 0.156 against 0.116, 32 -> 64 0.077
+/// against 0.068, 32 -> 128 0.126 against 0.120; 32 -> 128 at 7x7 0.062
+/// against 0.045. (Before the Winograd products ran a row of tiles in one
+/// loop, the limits were 32 inputs and 128 tiles.)
 fn thin_but_blocked_winograd(p: &Conv2dParams, dtype: DType) -> bool {
     let tiles = p.batch * p.out_h().div_ceil(2) * p.out_w().div_ceil(2);
+    let channels = p.in_channels_per_group();
     dtype == DType::F32
         && winograd::runs_blocked::<f32>(p)
-        && p.in_channels_per_group() >= THIN_WINOGRAD_CHANNELS
-        && tiles >= THIN_WINOGRAD_TILES
+        && ((channels >= THIN_WINOGRAD_CHANNELS && tiles >= THIN_WINOGRAD_TILES)
+            || (channels >= WIDE_THIN_WINOGRAD_CHANNELS && tiles >= MIN_WINOGRAD_TILES))
 }
 
 /// Winograd for layers with at least [`WINOGRAD_MIN_CHANNELS`] input
@@ -245,7 +257,11 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// processes, alternating). Left to the others: 256 -> 256 at 14x14 (1.33
 /// against 0.92), strided layers on AVX2 (128 -> 128 stride 2 at 56x56
 /// 1.76 against GEMM's 1.70; see [`strided_blocked_direct`] for AVX-512),
-/// RGB input layers (3 -> 32 3x3 stride 2 0.35 against 0.25).
+/// RGB input layers (3 -> 32 3x3 stride 2 0.35 against 0.25). The 3x3
+/// figures predate Winograd's blocked products running a row of tiles in
+/// one loop; since then Winograd takes the thin layers
+/// [`thin_but_blocked_winograd`] names, DenseNet's and SqueezeNet's among
+/// them.
 fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
     let blocked = match dtype {
         DType::F32 => direct::runs_blocked::<f32>(p),
@@ -1098,28 +1114,54 @@ mod tests {
         } else {
             (Algorithm::Winograd, Algorithm::Gemm)
         };
-        // Few tiles (7x7, 14x14 at batch 1 and 2) go to direct; from 28x28,
-        // or 14x14 at batch 4 or 10, to Winograd's blocked kernel.
-        let batch = |n: usize, hw: usize| match layer(128, 32, 3, hw, DType::F32) {
-            Problem::Conv2d(p, d) => Problem::Conv2d(Conv2dParams { batch: n, ..p }, d),
-            other => other,
-        };
+        // DenseNet's 128 -> 32 goes to Winograd's blocked kernel from 16
+        // tiles (7x7) on; a 5x5 output (9 tiles) to direct.
+        let batch =
+            |n: usize, ic: usize, oc: usize, hw: usize| match layer(ic, oc, 3, hw, DType::F32) {
+                Problem::Conv2d(p, d) => Problem::Conv2d(Conv2dParams { batch: n, ..p }, d),
+                other => other,
+            };
         let many = if blocked { Algorithm::Winograd } else { thin };
         for (n, hw, want) in [
-            (1, 7, thin),
-            (1, 14, thin),
-            (2, 14, thin),
-            (4, 14, many),
+            (1, 5, thin),
+            (1, 7, many),
+            (1, 14, many),
             (10, 14, many),
             (1, 28, many),
             (1, 56, many),
         ] {
-            assert_eq!(pick(batch(n, hw)).unwrap(), want, "batch {n}, {hw}x{hw}");
+            assert_eq!(
+                pick(batch(n, 128, 32, hw)).unwrap(),
+                want,
+                "batch {n}, {hw}x{hw}"
+            );
         }
-        // Thin inputs stay with direct at any size.
-        assert_eq!(
-            pick(layer(24, 64, 3, 56, DType::F32)).unwrap(),
+        // Fewer inputs take Winograd from 128 tiles (14x14 at batch 3, 28x28
+        // at batch 1) on; without the blocked kernel they stay with direct.
+        let few = if blocked {
+            Algorithm::Winograd
+        } else {
             Algorithm::Direct
+        };
+        for (n, ic, oc, hw, want) in [
+            (1, 32, 128, 14, Algorithm::Direct),
+            (2, 32, 128, 14, Algorithm::Direct),
+            (3, 32, 128, 14, few),
+            (1, 16, 48, 14, Algorithm::Direct),
+            (10, 16, 48, 14, few),
+            (1, 16, 32, 28, few),
+            (1, 24, 64, 56, few),
+        ] {
+            assert_eq!(
+                pick(batch(n, ic, oc, hw)).unwrap(),
+                want,
+                "{ic} -> {oc}, batch {n}, {hw}x{hw}"
+            );
+        }
+        // Fewer than 16 inputs never take Winograd.
+        assert_ne!(
+            pick(layer(8, 64, 3, 56, DType::F32)).unwrap(),
+            Algorithm::Winograd
         );
         // More outputs and f64 stay with Winograd.
         assert_eq!(
