@@ -252,12 +252,12 @@ def test_an_unbatched_input_runs_nchw():
         assert "NCHW8c" in layouts(model, tuple(batched.shape)).values()
 
 
-@pytest.mark.parametrize(("width", "hw"), [(64, 28), (64, 56), (16, 28)])
+@pytest.mark.parametrize(("width", "hw"), [(64, 28), (64, 56), (16, 28), (16, 14)])
 def test_resnet_bottlenecks_run_blocked(width, hw):
     # ResNet-50's bottlenecks on its 28x28 and 56x56 planes (four blocks in
     # a row, as in its stages): the 1x1 layers, the 3x3 ones (Winograd's
-    # blocked kernel, or with thin layers, 16 -> 16, the blocked direct
-    # kernel) and the residual adds all run blocked.
+    # blocked kernel, or with thin layers on few tiles, 16 -> 16 at 14x14,
+    # the blocked direct kernel) and the residual adds all run blocked.
     from torchvision.models.resnet import Bottleneck
 
     torch.manual_seed(0)
@@ -279,7 +279,7 @@ def test_resnet_bottlenecks_run_blocked(width, hw):
         assert {layout[f"{i}.conv3"] for i in range(4)} == {"NCHW8c"}, rows
         assert {layout[f"{i}.conv2"] for i in range(4)} == {"NCHW8c"}, rows
         algorithms = {r["algorithm"] for r in rows if r["name"].endswith("conv2")}
-        assert algorithms == {"direct" if width < 48 else "winograd"}, rows
+        assert algorithms == {"direct" if width < 48 and hw < 28 else "winograd"}, rows
         assert {layout[f"{i}.conv1"] for i in range(1, 4)} == {"NCHW8c"}, rows
     else:
         assert set(layout.values()) == {"NCHW"}, rows
@@ -333,6 +333,27 @@ def test_winograd_layers_run_blocked_with_fused_epilogues(batch):
     # The NCHW kernel of float64 layers, for comparison.
     net64 = copy.deepcopy(net).double()
     assert_close(ai3.convert(net64)(x.double()), reference(net64, x.double()))
+
+
+def test_winograd_layer_takes_either_tile_size_as_the_batch_changes():
+    # A 7x7 plane has 4 output tiles of 4x4: F(2x2, 3x3) at batch 1, F(4x4,
+    # 3x3) from batch 4 (16 tiles), each with its own transformed weights.
+    # One model (and one swapped layer) called with both, and back, must
+    # match PyTorch every time; the larger tiles' wider transforms must stay
+    # as accurate at larger magnitudes.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(64, 72, 3, padding=1), nn.ReLU()).eval()
+    model = ai3.convert(net)
+    swapped = copy.deepcopy(net)
+    ai3.swap_conv2d(swapped, "winograd")
+    for batch, scale in [(1, 1.0), (4, 1.0), (1, 1.0), (6, 100.0), (2, 1.0)]:
+        x = scale * torch.randn(batch, 64, 7, 7)
+        want = reference(net, x)
+        assert_close(model(x), want)
+        with torch.no_grad():
+            assert_close(swapped(x), want)
+        rows = model.summary(tuple(x.shape))
+        assert [r["algorithm"] for r in rows if r["op"].startswith("conv2d")] == ["winograd"]
 
 
 class DenseBlock(nn.Module):

@@ -310,14 +310,14 @@ def test_default_algorithm_resolves_in_summary():
     # With AVX-512 the strided layer goes to direct's channel blocks too.
     strided = "direct" if ai3.cpu_isa() == "avx512" else "gemm"
     assert algos == ["winograd", strided, "direct"]
-    # At most 32 outputs: direct's channel blocks beat Winograd on few
-    # tiles (DenseNet's 128 -> 32 layers at 14x14), Winograd's channel
-    # blocks on many (56x56); with more outputs Winograd stays.
+    # At most 32 outputs: direct's channel blocks beat Winograd on fewer
+    # than 16 tiles (a 5x5 plane), Winograd's channel blocks take DenseNet's
+    # 128 -> 32 layers from 7x7 on; with more outputs Winograd stays.
     dense = ai3.convert(nn.Sequential(nn.Conv2d(128, 32, 3, padding=1)))
     blocked = ai3.cpu_isa() in ("avx2", "avx512")
-    assert conv_algorithms_of_model(dense, (1, 128, 14, 14)) == [
-        "direct" if blocked else "winograd"
-    ]
+    if blocked:
+        assert conv_algorithms_of_model(dense, (1, 128, 5, 5)) == ["direct"]
+    assert conv_algorithms_of_model(dense, (1, 128, 14, 14)) == ["winograd"]
     assert conv_algorithms_of_model(dense, (1, 128, 56, 56)) == ["winograd"]
     wider = ai3.convert(nn.Sequential(nn.Conv2d(128, 40, 3, padding=1)))
     assert conv_algorithms_of_model(wider, (1, 128, 14, 14)) == ["winograd"]
@@ -329,13 +329,14 @@ def test_default_algorithm_resolves_in_summary():
     assert conv_algorithms_of_model(one, (1, 96, 5, 5)) != ["winograd"]
     assert conv_algorithms_of_model(one, (2, 96, 5, 5)) == ["winograd"]
     # Fewer than 48 input channels: not Winograd, however wide the output,
-    # unless Winograd's channel blocks take the layer (at least 32 inputs
-    # and 128 tiles).
-    thin_in = nn.Sequential(nn.Conv2d(24, 256, 3, padding=1))
-    assert conv_algorithms_of_model(ai3.convert(thin_in), (1, 24, 28, 28)) != ["winograd"]
-    thin_in = ai3.convert(nn.Sequential(nn.Conv2d(32, 256, 3, padding=1)))
-    assert conv_algorithms_of_model(thin_in, (1, 32, 14, 14)) != ["winograd"]
-    assert (conv_algorithms_of_model(thin_in, (1, 32, 28, 28)) == ["winograd"]) == blocked
+    # unless Winograd's channel blocks take the layer (at least 16 inputs
+    # and 128 tiles of 2x2).
+    for c in (16, 24, 32):
+        thin_in = ai3.convert(nn.Sequential(nn.Conv2d(c, 256, 3, padding=1)))
+        assert conv_algorithms_of_model(thin_in, (1, c, 14, 14)) != ["winograd"]
+        assert (conv_algorithms_of_model(thin_in, (1, c, 28, 28)) == ["winograd"]) == blocked
+    thin_in = ai3.convert(nn.Sequential(nn.Conv2d(8, 256, 3, padding=1)))
+    assert conv_algorithms_of_model(thin_in, (1, 8, 28, 28)) != ["winograd"]
 
 
 def test_summary_reports_every_layer():

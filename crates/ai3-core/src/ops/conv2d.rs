@@ -37,8 +37,9 @@ pub struct Conv2d {
     padding_mode: PadMode,
     request: Request,
     /// Winograd-transformed weights (packed with the bias where the blocked
-    /// kernel runs them), computed once on first use.
-    winograd_filter: OnceLock<Tensor>,
+    /// kernel runs them), computed once on first use: one per form
+    /// ([`winograd::form`]), as input sizes may call for either.
+    winograd_filter: [OnceLock<Tensor>; winograd::FORMS],
     /// Weights and bias packed for direct convolution, once on first use.
     direct_packed: OnceLock<Tensor>,
     /// Weights and bias packed for the blocked (and channels-last) depthwise
@@ -126,7 +127,7 @@ impl Conv2d {
             groups,
             padding_mode,
             request,
-            winograd_filter: OnceLock::new(),
+            winograd_filter: Default::default(),
             direct_packed: OnceLock::new(),
             depthwise_packed: OnceLock::new(),
             pointwise_packed: OnceLock::new(),
@@ -431,9 +432,8 @@ impl Conv2d {
             Algorithm::Fft => fft::conv2d(p, x, w, b, out),
             Algorithm::Winograd => {
                 let len = kernel_result(OP, winograd::prepared_len::<T>(p), context)?;
-                let filter = prepared(&self.winograd_filter, len, context, |u| {
-                    winograd::prepare(p, w, b, u)
-                })?;
+                let cell = &self.winograd_filter[winograd::form::<T>(p)];
+                let filter = prepared(cell, len, context, |u| winograd::prepare(p, w, b, u))?;
                 let done = winograd::conv2d_prepared(p, x, filter, b, out, Some(&epilogue));
                 fused = matches!(done, Ok(true));
                 done.map(drop)
@@ -737,9 +737,8 @@ impl Operation for Conv2d {
             }
             (Some((Algorithm::Winograd, _)), _) => {
                 let len = kernel_result(OP, winograd::prepared_len::<f32>(&p), context)?;
-                let packed = prepared(&self.winograd_filter, len, context, |d| {
-                    winograd::prepare(&p, w, b, d)
-                })?;
+                let cell = &self.winograd_filter[winograd::form::<f32>(&p)];
+                let packed = prepared(cell, len, context, |d| winograd::prepare(&p, w, b, d))?;
                 winograd::blocked::conv2d(&p, true, x, packed, out, e)
             }
             (Some((Algorithm::Gemm, _)), Some(s)) => {

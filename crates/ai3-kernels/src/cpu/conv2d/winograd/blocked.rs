@@ -1,5 +1,7 @@
-//! Winograd F(2x2, 3x3) in the channel-blocked layout (NCHW8c, see
-//! [`crate::cpu::blocked`]), for f32 on AVX2 and FMA.
+//! Winograd F(2x2, 3x3) and F(4x4, 3x3) in the channel-blocked layout
+//! (NCHW8c, see [`crate::cpu::blocked`]), for f32 on AVX2 and FMA. Layers
+//! with enough tiles take the larger ones ([`edge`]); below, the 2x2 case
+//! is described (4x4 output tiles read 6x6 input tiles, with 36 positions).
 //!
 //! The same algorithm as the NCHW kernel ([`super::conv2d`]), with the
 //! vectors running over 8 channels instead of a row of tiles: the input
@@ -32,8 +34,8 @@
 
 use rayon::prelude::*;
 
-use super::transform::filter_tile;
-use super::{plane_stride, require, Plan, POSITIONS};
+use super::transform::{filter_tile, filter_tile4};
+use super::{plane_stride, require, Plan};
 use crate::alloc::{check_len, checked_product, KernelError, KernelResult};
 use crate::cpu::blocked::{check_conv_buffers, BLOCK as CB};
 use crate::cpu::conv2d::{threads_for, Epilogue, SharedMut};
@@ -51,12 +53,52 @@ fn blocks(c: usize) -> usize {
     c.div_ceil(CB)
 }
 
+/// Edge of the output tiles this kernel computes `p` in: 4, F(4x4, 3x3),
+/// for layers with at least 16 such tiles over the batch (a 13x13 plane),
+/// else 2, F(2x2, 3x3).
+///
+/// F(4x4, 3x3) multiplies 36 transform positions per 16 output pixels
+/// against F(2x2, 3x3)'s 64, with transforms costing about the same per
+/// pixel; but its transformed weights are 36/16 as large and each is read
+/// once per block of tiles, so layers with few tiles keep 2x2 ones.
+/// Measured in the networks (2 threads, AVX2, ms summed over the layers of
+/// one shape, F(4x4) against F(2x2)): batch 1, ResNet-50's 64 at 56x56 1.53
+/// against 2.67, 128 at 28x28 1.51 against 3.16, 256 at 14x14 3.78 against
+/// 4.85, but 512 at 7x7 (4 tiles) 2.94 against 2.77; DenseNet's 128 -> 32
+/// at 56/28/14/7 3.39/1.76/1.59/0.70 against 5.03/2.45/1.68/0.55;
+/// SqueezeNet's 16 -> 64 at 55x55 0.32 against 0.46, 64 -> 256 at 13x13
+/// 0.40 against 0.43; GoogLeNet's 7x7 layers 0.42-0.56 against 0.28-0.41.
+/// Batch 10: ResNet-50's 7x7 layers (40 tiles) 12.0 against 18.3, the
+/// others 0.67-0.82x; DenseNet's 0.65-0.72x.
+pub fn edge(p: &Conv2dParams) -> usize {
+    let tiles = p.batch * p.out_h().div_ceil(4) * p.out_w().div_ceil(4);
+    if tiles >= LARGE_TILE_MIN_TILES {
+        4
+    } else {
+        2
+    }
+}
+
+/// Fewest 4x4 output tiles (over the batch) for F(4x4, 3x3) ([`edge`]): a
+/// 13x13 or 14x14 plane has 16, a 7x7 one 4.
+const LARGE_TILE_MIN_TILES: usize = 16;
+
+/// Transform positions of tiles with output edge `edge`.
+fn positions(edge: usize) -> usize {
+    (edge + 2) * (edge + 2)
+}
+
 /// Elements of the packed transformed weights and bias ([`pack`]).
 pub fn packed_len(p: &Conv2dParams) -> KernelResult<usize> {
+    packed_len_for(p, edge(p))
+}
+
+/// [`packed_len`] for output tiles of `edge` pixels.
+fn packed_len_for(p: &Conv2dParams, edge: usize) -> KernelResult<usize> {
     let w = checked_product(
         "packed blocked Winograd weights",
         &[
-            POSITIONS,
+            positions(edge),
             blocks(p.out_channels),
             blocks(p.in_channels),
             CB,
@@ -70,10 +112,21 @@ pub fn packed_len(p: &Conv2dParams) -> KernelResult<usize> {
 }
 
 /// Transforms `weight` (`[out][in][3][3]`, one group) and packs it with
-/// `bias` for [`conv2d`] (see the module docs); lanes past the channel
-/// counts are zero.
+/// `bias` for [`conv2d`] (see the module docs), for the tiles [`edge`]
+/// gives; lanes past the channel counts are zero.
 pub fn pack(
     p: &Conv2dParams,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    packed: &mut [f32],
+) -> KernelResult<()> {
+    pack_for(p, edge(p), weight, bias, packed)
+}
+
+/// [`pack`] for output tiles of `edge` (2 or 4) pixels.
+fn pack_for(
+    p: &Conv2dParams,
+    edge: usize,
     weight: &[f32],
     bias: Option<&[f32]>,
     packed: &mut [f32],
@@ -89,18 +142,27 @@ pub fn pack(
     check_len(
         "packed blocked Winograd weights",
         packed.len(),
-        packed_len(p)?,
+        packed_len_for(p, edge)?,
     )?;
     packed.fill(0.0);
     let (ic, ocb) = (p.in_channels, blocks(p.out_channels));
     let icp = blocks(ic) * CB;
-    let (w, b) = packed.split_at_mut(POSITIONS * ocb * icp * CB);
+    let (w, b) = packed.split_at_mut(positions(edge) * ocb * icp * CB);
     for o in 0..p.out_channels {
         let (ob, l) = (o / CB, o % CB);
         for i in 0..ic {
-            let u = filter_tile(&weight[(o * ic + i) * 9..][..9]);
-            for (xi, &v) in u.iter().enumerate() {
-                w[((xi * ocb + ob) * icp + i) * CB + l] = v;
+            let g = &weight[(o * ic + i) * 9..][..9];
+            let mut put = |xi: usize, v: f32| w[((xi * ocb + ob) * icp + i) * CB + l] = v;
+            if edge == 4 {
+                filter_tile4(g)
+                    .into_iter()
+                    .enumerate()
+                    .for_each(|(xi, v)| put(xi, v));
+            } else {
+                filter_tile(g)
+                    .into_iter()
+                    .enumerate()
+                    .for_each(|(xi, v)| put(xi, v));
             }
         }
     }
@@ -110,8 +172,8 @@ pub fn pack(
     Ok(())
 }
 
-/// Winograd F(2x2, 3x3) with weights [`pack`]ed into `packed`, from
-/// `input` into `output`, both in the blocked layout when `blocked`, else
+/// Winograd F(2x2, 3x3) or F(4x4, 3x3) ([`edge`]) with weights [`pack`]ed
+/// into `packed`, from `input` into `output`, both in the blocked layout when `blocked`, else
 /// both NCHW (each tile row's input transposed into channel blocks, each
 /// tile's output pixels scattered to their planes). `epilogue` runs on each
 /// finished output row, with offsets in the output's layout: a row of a
@@ -128,13 +190,26 @@ pub fn conv2d(
     output: &mut [f32],
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
+    conv2d_for(p, edge(p), blocked, input, packed, output, epilogue)
+}
+
+/// [`conv2d`] in output tiles of `edge` (2 or 4) pixels.
+fn conv2d_for(
+    p: &Conv2dParams,
+    edge: usize,
+    blocked: bool,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    epilogue: Option<Epilogue<f32>>,
+) -> KernelResult<()> {
     require(p)?;
     p.check_sizes()?;
     check_conv_buffers(p, (blocked, blocked), input.len(), output.len())?;
     check_len(
         "packed blocked Winograd weights",
         packed.len(),
-        packed_len(p)?,
+        packed_len_for(p, edge)?,
     )?;
     if !applies(p) {
         return Err(KernelError::Precondition {
@@ -147,7 +222,7 @@ pub fn conv2d(
     #[cfg(target_arch = "x86_64")]
     {
         let threads = threads_for(p);
-        let plan = Plan::new(p, threads);
+        let plan = Plan::for_edge(p, threads, edge);
         let blocks = plan.row_blocks * plan.col_blocks;
         let parallel = threads > 1 && blocks >= threads;
         let shared = !parallel && threads > 1;
@@ -167,7 +242,13 @@ pub fn conv2d(
             };
             // SAFETY: AVX2 and FMA (`applies`); blocks cover disjoint (tile
             // row, tile column) ranges, so their output pixels are disjoint.
-            unsafe { block(p, &tiles, input, packed, out, epilogue, shared) }
+            unsafe {
+                if edge == 4 {
+                    block::<4, 6>(p, &tiles, input, packed, out, epilogue, shared)
+                } else {
+                    block::<2, 4>(p, &tiles, input, packed, out, epilogue, shared)
+                }
+            }
         };
         if parallel {
             (0..blocks)
@@ -202,9 +283,10 @@ impl Tiles<'_> {
     fn len(&self) -> usize {
         (self.rows.1 - self.rows.0) * self.width()
     }
-    /// Pixels of one input row the block's tiles read: `2 * width + 2`.
-    fn row_pixels(&self) -> usize {
-        2 * self.width() + 2
+    /// Pixels of one input row the block's tiles of output edge `m` read:
+    /// `m * width + 2`.
+    fn row_pixels(&self, m: usize) -> usize {
+        m * self.width() + 2
     }
     /// Image and tile row in it of the block's `ri`-th tile row.
     fn row(&self, ri: usize) -> (usize, usize) {
@@ -219,13 +301,14 @@ impl Tiles<'_> {
 static ZEROS: [f32; crate::cpu::blocked::tile::OBT_MAX * CB] =
     [0.0; crate::cpu::blocked::tile::OBT_MAX * CB];
 
-/// Convolves one block of tiles into `out` (the whole blocked output).
+/// Convolves one block of tiles into `out` (the whole blocked output), in
+/// output tiles of `M x M` pixels from input tiles of `N x N` (`N = M + 2`).
 ///
 /// # Safety
 /// AVX2 and FMA; `out` points at the whole output, and no other thread
 /// touches the block's output pixels meanwhile.
 #[cfg(target_arch = "x86_64")]
-unsafe fn block(
+unsafe fn block<const M: usize, const N: usize>(
     p: &Conv2dParams,
     tiles: &Tiles<'_>,
     input: &[f32],
@@ -237,17 +320,18 @@ unsafe fn block(
     use crate::cpu::blocked::pointwise::tile;
     use crate::cpu::blocked::tile::row;
 
+    let positions = N * N;
     let (icb, ocb) = (blocks(p.in_channels), blocks(p.out_channels));
     let icp = icb * CB;
     let nt = tiles.len();
     let v_stride = plane_stride::<f32>(icb * nt * CB);
     let m_stride = plane_stride::<f32>(ocb * nt * CB);
-    let (v_len, m_len) = (POSITIONS * v_stride, POSITIONS * m_stride);
-    // Four input rows of the tiles, per input-transform task.
-    let rows_len = 4 * tiles.row_pixels() * CB;
+    let (v_len, m_len) = (positions * v_stride, positions * m_stride);
+    // N input rows of the tiles, per input-transform task.
+    let rows_len = N * tiles.row_pixels(M) * CB;
     let parts = if shared { icb } else { 1 };
     let w_stride = icp * CB;
-    let bias = &packed[POSITIONS * ocb * w_stride..];
+    let bias = &packed[positions * ocb * w_stride..];
     let len = v_len + m_len + parts * rows_len;
     with_scratch_named::<f32, _>(len, "Winograd transform buffers", |buf| {
         let (v, rest) = buf.split_at_mut(v_len);
@@ -259,7 +343,7 @@ unsafe fn block(
         // (position, output blocks) of m, its own output channels of the
         // block's pixels.
         let transform_in = |(ib, rows): (usize, &mut [f32])| unsafe {
-            input_transform(p, tiles, input, ib, rows, v.0, v_stride);
+            input_transform::<M, N>(p, tiles, input, ib, rows, v.0, v_stride);
         };
         let block_tiles = crate::cpu::blocked::tile::BlockTiles::new(ocb);
         let groups = block_tiles.count();
@@ -288,7 +372,7 @@ unsafe fn block(
             };
         };
         let transform_out = |ob: usize| unsafe {
-            output_transform(
+            output_transform::<M, N>(
                 p,
                 tiles,
                 m.0,
@@ -303,30 +387,101 @@ unsafe fn block(
             rows.par_chunks_mut(rows_len)
                 .enumerate()
                 .for_each(transform_in);
-            (0..POSITIONS * groups).into_par_iter().for_each(product);
+            (0..positions * groups).into_par_iter().for_each(product);
             (0..ocb).into_par_iter().for_each(transform_out);
         } else {
             for ib in 0..icb {
                 transform_in((ib, &mut rows[..]));
             }
-            (0..POSITIONS * groups).for_each(product);
+            (0..positions * groups).for_each(product);
             (0..ocb).for_each(transform_out);
         }
     })
 }
 
-/// `Bᵀ d B` of input block `ib` of the block's tiles into `v` (16 planes
-/// `v_stride` apart, each `[in block][tile][8]`), each tile row's four input
-/// rows first copied into `rows` as blocked pixels with zero borders.
+/// `Bᵀ` applied to one column of an input tile: F(2x2, 3x3)'s when `N` is
+/// 4, F(4x4, 3x3)'s (interpolation points 0, ±1, ±2) when 6.
 ///
 /// # Safety
-/// AVX2 and FMA; `rows` holds four rows of [`Tiles::row_pixels`] blocked
-/// pixels; `v` holds 16 planes of `v_stride >= icb * tiles * 8` elements,
-/// and no other thread touches block `ib` of them meanwhile.
+/// AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::needless_range_loop)] // rows of four columns: indexed reads
+#[inline(always)]
+unsafe fn input_1d<const N: usize>(
+    d: [std::arch::x86_64::__m256; N],
+) -> [std::arch::x86_64::__m256; N] {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2 and FMA (the caller's).
+    unsafe {
+        let mut t = d;
+        if N == 4 {
+            t[0] = _mm256_sub_ps(d[0], d[2]);
+            t[1] = _mm256_add_ps(d[1], d[2]);
+            t[2] = _mm256_sub_ps(d[2], d[1]);
+            t[3] = _mm256_sub_ps(d[1], d[3]);
+        } else {
+            let (four, five, two) = (
+                _mm256_set1_ps(4.0),
+                _mm256_set1_ps(5.0),
+                _mm256_set1_ps(2.0),
+            );
+            // 4 d0 - 5 d2 + d4; the middle four from two sums and two
+            // differences; 4 d1 - 5 d3 + d5.
+            t[0] = _mm256_fnmadd_ps(five, d[2], _mm256_fmadd_ps(four, d[0], d[4]));
+            let (a, b) = (_mm256_add_ps(d[1], d[2]), _mm256_add_ps(d[3], d[4]));
+            t[1] = _mm256_fnmadd_ps(four, a, b);
+            let (a, b) = (_mm256_sub_ps(d[1], d[2]), _mm256_sub_ps(d[4], d[3]));
+            t[2] = _mm256_fmadd_ps(four, a, b);
+            let (a, b) = (_mm256_sub_ps(d[3], d[1]), _mm256_sub_ps(d[4], d[2]));
+            t[3] = _mm256_fmadd_ps(two, a, b);
+            t[4] = _mm256_fnmadd_ps(two, a, b);
+            t[5] = _mm256_fnmadd_ps(five, d[3], _mm256_fmadd_ps(four, d[1], d[5]));
+        }
+        t
+    }
+}
+
+/// `Aᵀ` applied to one column of a product tile (`N` positions into `M`
+/// pixels), for the `N` of [`input_1d`].
+///
+/// # Safety
+/// AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn output_1d<const M: usize, const N: usize>(
+    m: [std::arch::x86_64::__m256; N],
+) -> [std::arch::x86_64::__m256; M] {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2 and FMA (the caller's).
+    unsafe {
+        let mut y = [_mm256_setzero_ps(); M];
+        if N == 4 {
+            y[0] = _mm256_add_ps(_mm256_add_ps(m[0], m[1]), m[2]);
+            y[1] = _mm256_sub_ps(_mm256_sub_ps(m[1], m[2]), m[3]);
+        } else {
+            let (a, b) = (_mm256_add_ps(m[1], m[2]), _mm256_sub_ps(m[1], m[2]));
+            let (c, d) = (_mm256_add_ps(m[3], m[4]), _mm256_sub_ps(m[3], m[4]));
+            y[0] = _mm256_add_ps(_mm256_add_ps(m[0], a), c);
+            y[1] = _mm256_fmadd_ps(_mm256_set1_ps(2.0), d, b);
+            y[2] = _mm256_fmadd_ps(_mm256_set1_ps(4.0), c, a);
+            y[3] = _mm256_add_ps(_mm256_fmadd_ps(_mm256_set1_ps(8.0), d, b), m[5]);
+        }
+        y
+    }
+}
+
+/// `Bᵀ d B` of input block `ib` of the block's tiles into `v` (`N * N`
+/// planes `v_stride` apart, each `[in block][tile][8]`), each tile row's
+/// `N` input rows first copied into `rows` as blocked pixels with zero
+/// borders.
+///
+/// # Safety
+/// AVX2 and FMA; `rows` holds `N` rows of [`Tiles::row_pixels`] blocked
+/// pixels; `v` holds `N * N` planes of `v_stride >= icb * tiles * 8`
+/// elements, and no other thread touches block `ib` of them meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // row i of every column: indexed reads
 #[target_feature(enable = "avx2,fma")]
-unsafe fn input_transform(
+unsafe fn input_transform<const M: usize, const N: usize>(
     p: &Conv2dParams,
     tiles: &Tiles<'_>,
     input: &[f32],
@@ -339,18 +494,18 @@ unsafe fn input_transform(
 
     let (ic, icb) = (p.in_channels, blocks(p.in_channels));
     let (h, w) = (p.in_h as isize, p.in_w as isize);
-    let (tw, nt, rp) = (tiles.width(), tiles.len(), tiles.row_pixels());
+    let (tw, nt, rp) = (tiles.width(), tiles.len(), tiles.row_pixels(M));
     let plane = p.in_h * p.in_w;
     let lanes = CB.min(ic - ib * CB);
     // The tiles read columns x_start .. x_start + rp, of which lo .. hi
     // (relative to x_start) are inside the input.
-    let x_start = 2 * tiles.cols.0 as isize - p.padding.left as isize;
+    let x_start = (M * tiles.cols.0) as isize - p.padding.left as isize;
     let lo = (-x_start).clamp(0, rp as isize) as usize;
     let hi = (w - x_start).clamp(lo as isize, rp as isize) as usize;
-    let rows = &mut rows[..4 * rp * CB];
+    let rows = &mut rows[..N * rp * CB];
     for ri in 0..tiles.rows.1 - tiles.rows.0 {
         let (n, ty) = tiles.row(ri);
-        let y0 = 2 * ty as isize - p.padding.top as isize;
+        let y0 = (M * ty) as isize - p.padding.top as isize;
         for (i, dst) in rows.chunks_exact_mut(rp * CB).enumerate() {
             let y = y0 + i as isize;
             if y < 0 || y >= h || lo == hi {
@@ -379,35 +534,20 @@ unsafe fn input_transform(
             }
         }
         for t in 0..tw {
-            // SAFETY (whole block): the tile's 4x4 pixels lie in `rows`;
+            // SAFETY (whole block): the tile's N x N pixels lie in `rows`;
             // v's writes stay in tile ri * tw + t of block ib.
             unsafe {
-                let d: [[__m256; 4]; 4] = std::array::from_fn(|i| {
-                    std::array::from_fn(|j| {
-                        _mm256_loadu_ps(rows.as_ptr().add((i * rp + 2 * t + j) * CB))
-                    })
-                });
                 // Bᵀ over the rows of each column, then over the columns.
-                let c: [[__m256; 4]; 4] = std::array::from_fn(|j| {
-                    let (a, b, c, e) = (d[0][j], d[1][j], d[2][j], d[3][j]);
-                    [
-                        _mm256_sub_ps(a, c),
-                        _mm256_add_ps(b, c),
-                        _mm256_sub_ps(c, b),
-                        _mm256_sub_ps(b, e),
-                    ]
+                let c: [[__m256; N]; N] = std::array::from_fn(|j| {
+                    input_1d::<N>(std::array::from_fn(|i| {
+                        _mm256_loadu_ps(rows.as_ptr().add((i * rp + M * t + j) * CB))
+                    }))
                 });
                 let dst = v.add((ib * nt + ri * tw + t) * CB);
-                for i in 0..4 {
-                    let (a, b, cc, e) = (c[0][i], c[1][i], c[2][i], c[3][i]);
-                    let row = [
-                        _mm256_sub_ps(a, cc),
-                        _mm256_add_ps(b, cc),
-                        _mm256_sub_ps(cc, b),
-                        _mm256_sub_ps(b, e),
-                    ];
+                for i in 0..N {
+                    let row = input_1d::<N>(std::array::from_fn(|j| c[j][i]));
                     for (j, r) in row.into_iter().enumerate() {
-                        _mm256_storeu_ps(dst.add((4 * i + j) * v_stride), r);
+                        _mm256_storeu_ps(dst.add((N * i + j) * v_stride), r);
                     }
                 }
             }
@@ -420,13 +560,13 @@ unsafe fn input_transform(
 /// block's channel planes when NCHW; then `epilogue` on each finished row.
 ///
 /// # Safety
-/// AVX2 and FMA; `m` holds 16 planes `m_stride` apart of `[out block][tile]
-/// [8]`; `out` points at the whole output, whose pixels of block `ob`'s
-/// channels in the block's tiles no other thread touches meanwhile.
+/// AVX2 and FMA; `m` holds `N * N` planes `m_stride` apart of `[out block]
+/// [tile][8]`; `out` points at the whole output, whose pixels of block
+/// `ob`'s channels in the block's tiles no other thread touches meanwhile.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // row r of every column
 #[target_feature(enable = "avx2,fma")]
-unsafe fn output_transform(
+unsafe fn output_transform<const M: usize, const N: usize>(
     p: &Conv2dParams,
     tiles: &Tiles<'_>,
     m: *const f32,
@@ -441,8 +581,8 @@ unsafe fn output_transform(
     let (oc, ocb) = (p.out_channels, blocks(p.out_channels));
     let (oh, ow) = (p.out_h(), p.out_w());
     let (tw, nt) = (tiles.width(), tiles.len());
-    let x_first = 2 * tiles.cols.0;
-    let width = (2 * tiles.cols.1).min(ow) - x_first;
+    let x_first = M * tiles.cols.0;
+    let width = (M * tiles.cols.1).min(ow) - x_first;
     let lanes = CB.min(oc - ob * CB);
     // SAFETY (whole body): reads stay in tile row ri's tiles of block ob of
     // each plane of m, writes in the block's pixels of block ob's channels.
@@ -468,40 +608,27 @@ unsafe fn output_transform(
                     }
                 }
             };
-            let y = 2 * ty;
-            let second_row = y + 1 < oh;
+            let y = M * ty;
+            let rows_in = (oh - y).min(M);
             for t in 0..tw {
                 let src = m.add((ob * nt + ri * tw + t) * CB);
-                let mv: [__m256; 16] =
-                    std::array::from_fn(|xi| _mm256_loadu_ps(src.add(xi * m_stride)));
                 // Aᵀ over the rows of each column, then over the columns.
-                let s0: [__m256; 4] = std::array::from_fn(|j| {
-                    _mm256_add_ps(_mm256_add_ps(mv[j], mv[4 + j]), mv[8 + j])
+                let s: [[__m256; M]; N] = std::array::from_fn(|j| {
+                    output_1d::<M, N>(std::array::from_fn(|i| {
+                        _mm256_loadu_ps(src.add((N * i + j) * m_stride))
+                    }))
                 });
-                let s1: [__m256; 4] = std::array::from_fn(|j| {
-                    _mm256_sub_ps(_mm256_sub_ps(mv[4 + j], mv[8 + j]), mv[12 + j])
-                });
-                let left = |s: &[__m256; 4]| {
-                    _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), s[2]), b)
-                };
-                let right = |s: &[__m256; 4]| {
-                    _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s[1], s[2]), s[3]), b)
-                };
-                let x = x_first + 2 * t;
-                let second_col = x + 1 < ow;
-                put(y, x, left(&s0));
-                if second_col {
-                    put(y, x + 1, right(&s0));
-                }
-                if second_row {
-                    put(y + 1, x, left(&s1));
-                    if second_col {
-                        put(y + 1, x + 1, right(&s1));
+                let x = x_first + M * t;
+                let cols_in = (ow - x).min(M);
+                for r in 0..rows_in {
+                    let row = output_1d::<M, N>(std::array::from_fn(|j| s[j][r]));
+                    for (c, v) in row.into_iter().enumerate().take(cols_in) {
+                        put(y + r, x + c, _mm256_add_ps(v, b));
                     }
                 }
             }
             if let Some(e) = epilogue {
-                for yy in y..(y + 2).min(oh) {
+                for yy in y..(y + M).min(oh) {
                     let row = plane + (yy * ow + x_first) * px;
                     if tiles.blocked {
                         e(
@@ -549,6 +676,12 @@ mod tests {
     }
 
     fn case(p: &Conv2dParams, bias: bool, fuse: bool, seed: u64) {
+        for edge in [2, 4] {
+            case_for(p, edge, bias, fuse, seed);
+        }
+    }
+
+    fn case_for(p: &Conv2dParams, edge: usize, bias: bool, fuse: bool, seed: u64) {
         let mut rng = Rng::new(seed);
         let x = rng.vec(p.input_len());
         let w = rng.vec(p.weight_len());
@@ -560,15 +693,22 @@ mod tests {
                 *o = (*o + r).max(0.0);
             }
         }
-        let mut packed = vec![f32::NAN; packed_len(p).unwrap()];
+        let mut packed = vec![f32::NAN; packed_len_for(p, edge).unwrap()];
         let bf = cast::<f32>(&b);
-        pack(p, &cast::<f32>(&w), bias.then_some(&bf[..]), &mut packed).unwrap();
+        pack_for(
+            p,
+            edge,
+            &cast::<f32>(&w),
+            bias.then_some(&bf[..]),
+            &mut packed,
+        )
+        .unwrap();
         let tol = 1e-4 * (p.in_channels as f64 * 9.0).sqrt();
         let check = |got: &[f32], layout: &str| {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
-                    "{layout} {p:?} bias={bias} fuse={fuse} at {i}: {g} vs {w}"
+                    "{layout} {edge}x{edge} tiles {p:?} bias={bias} fuse={fuse} at {i}: {g} vs {w}"
                 );
             }
         };
@@ -589,8 +729,9 @@ mod tests {
         .unwrap();
         let e = relu_of_sum(&rb);
         let mut ob = vec![f32::NAN; out_len];
-        conv2d(
+        conv2d_for(
             p,
+            edge,
             true,
             &xb,
             &packed,
@@ -613,8 +754,9 @@ mod tests {
         let e = relu_of_sum(&r);
         let mut got = vec![f32::NAN; p.output_len()];
         let x = cast::<f32>(&x);
-        conv2d(
+        conv2d_for(
             p,
+            edge,
             false,
             &x,
             &packed,
@@ -659,6 +801,25 @@ mod tests {
         }
         grid();
         crate::cpu::test_util::on_two_threads(grid);
+    }
+
+    #[test]
+    fn large_tiles_need_sixteen_of_them() {
+        let pad = Padding2d::symmetric(1, 1);
+        for (batch, hw, want) in [
+            (1, 7, 2),
+            (3, 7, 2),
+            (4, 7, 4),
+            (1, 13, 4),
+            (1, 14, 4),
+            (1, 56, 4),
+        ] {
+            let p = params(batch, 64, 64, (hw, hw), pad);
+            assert_eq!(edge(&p), want, "batch {batch}, {hw}x{hw}");
+            let positions = want * want + 4 * want + 4;
+            let len = positions * 64 * 64 + 64;
+            assert_eq!(packed_len(&p).unwrap(), len, "batch {batch}, {hw}x{hw}");
+        }
     }
 
     #[test]

@@ -158,6 +158,17 @@ pub fn runs_blocked<T: Float>(p: &Conv2dParams) -> bool {
     std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && blocked::applies(p)
 }
 
+/// How many forms of prepared weights there are ([`form`]).
+pub const FORMS: usize = 2;
+
+/// Which form of weights [`prepare`] writes for `T` layers of `p`: 0 for
+/// F(2x2, 3x3) (either kernel), 1 for the blocked kernel's F(4x4, 3x3)
+/// ([`blocked::edge`]). It follows the input size, so a caller that keeps
+/// prepared weights for calls of several sizes keeps one per form.
+pub fn form<T: Float>(p: &Conv2dParams) -> usize {
+    usize::from(runs_blocked::<T>(p) && blocked::edge(p) == 4)
+}
+
 /// Length of the weights [`prepare`] writes for `T` layers of `p`.
 pub fn prepared_len<T: Float>(p: &Conv2dParams) -> KernelResult<usize> {
     if runs_blocked::<T>(p) {
@@ -242,11 +253,19 @@ struct Plan {
 }
 
 impl Plan {
+    /// The plan for F(2x2, 3x3).
     fn new(p: &Conv2dParams, threads: usize) -> Self {
-        let tiles_w = p.out_w().div_ceil(2);
-        let tiles_h = p.out_h().div_ceil(2);
+        Self::for_edge(p, threads, 2)
+    }
+
+    /// The plan for output tiles of `edge x edge` pixels (input tiles of
+    /// `edge + 2`).
+    fn for_edge(p: &Conv2dParams, threads: usize, edge: usize) -> Self {
+        let tiles_w = p.out_w().div_ceil(edge);
+        let tiles_h = p.out_h().div_ceil(edge);
         let rows = p.batch * tiles_h;
-        let per_tile = POSITIONS * (p.in_channels_per_group() + p.out_channels_per_group());
+        let positions = (edge + 2) * (edge + 2);
+        let per_tile = positions * (p.in_channels_per_group() + p.out_channels_per_group());
         let target = BLOCK_TILES
             .min(WORKSPACE_ELEMENTS / threads / per_tile)
             .max(1);

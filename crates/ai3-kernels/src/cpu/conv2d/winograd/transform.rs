@@ -27,6 +27,27 @@ pub(super) fn filter_tile<T: Float>(g: &[T]) -> [T; 16] {
     u
 }
 
+/// `G g Gᵀ` of Winograd F(4x4, 3x3) (interpolation points 0, ±1, ±2) for
+/// one 3x3 f32 filter (row-major in, row-major 6x6 out), computed in f64.
+pub(super) fn filter_tile4(g: &[f32]) -> [f32; 36] {
+    const G: [[f64; 3]; 6] = [
+        [1.0 / 4.0, 0.0, 0.0],
+        [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+        [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+        [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+        [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+        [0.0, 0.0, 1.0],
+    ];
+    // t = G g: 6x3.
+    let t: [[f64; 3]; 6] = std::array::from_fn(|i| {
+        std::array::from_fn(|j| (0..3).map(|k| G[i][k] * g[3 * k + j] as f64).sum())
+    });
+    std::array::from_fn(|x| {
+        let (i, j) = (x / 6, x % 6);
+        (0..3).map(|k| t[i][k] * G[j][k]).sum::<f64>() as f32
+    })
+}
+
 /// Splits the columns `x_start, x_start + 1, ..` (`2 * even.len()` of them,
 /// in input coordinates, possibly negative or past the row) of `row` into
 /// even and odd ones, zero outside the row; `None` is an all-zero row.
