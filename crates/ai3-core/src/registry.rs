@@ -602,7 +602,7 @@ pub static REGISTRY: &[AlgorithmInfo] = &[
     row!(
         Conv2d,
         Winograd,
-        "Winograd F(2x2,3x3) (F(4x4,3x3) on channel blocks): 3x3 kernels, stride 1, dilation 1",
+        "Winograd F(2x2,3x3) or F(4x4,3x3): 3x3 kernels, stride 1, dilation 1",
         always,
         winograd_supports,
         winograd_workspace,
