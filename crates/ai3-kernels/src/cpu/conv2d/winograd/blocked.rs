@@ -152,17 +152,16 @@ fn pack_for(
         let (ob, l) = (o / CB, o % CB);
         for i in 0..ic {
             let g = &weight[(o * ic + i) * 9..][..9];
-            let mut put = |xi: usize, v: f32| w[((xi * ocb + ob) * icp + i) * CB + l] = v;
-            if edge == 4 {
-                filter_tile4(g)
-                    .into_iter()
-                    .enumerate()
-                    .for_each(|(xi, v)| put(xi, v));
+            let (small, large);
+            let u: &[f32] = if edge == 4 {
+                large = filter_tile4(g);
+                &large
             } else {
-                filter_tile(g)
-                    .into_iter()
-                    .enumerate()
-                    .for_each(|(xi, v)| put(xi, v));
+                small = filter_tile(g);
+                &small
+            };
+            for (xi, &v) in u.iter().enumerate() {
+                w[((xi * ocb + ob) * icp + i) * CB + l] = v;
             }
         }
     }
