@@ -104,6 +104,7 @@ fn blocked_pointwise(c: &mut Criterion) {
             in_channels: cin,
             out_channels: cout,
             plane: size * size,
+            subsample: None,
         };
         let w = values(cout * cin, 2);
         let b = values(cout, 3);

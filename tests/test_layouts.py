@@ -287,6 +287,53 @@ def test_resnet_bottlenecks_run_blocked(width, hw):
     assert_close(model(x), want)
 
 
+@pytest.mark.parametrize(("batch", "hw"), [(1, 14), (2, 15)])
+def test_resnet_stage_transitions_run_blocked(batch, hw):
+    # The first bottleneck of a ResNet stage: its 3x3 stride-2 layer on the
+    # blocked direct kernel, its 1x1 stride-2 downsampling on the blocked
+    # 1x1 kernel (the pixels it reads gathered first; an odd plane leaves
+    # a last row and column read), the residual add fused into the
+    # expansion: no reorder between the stages.
+    from torchvision.models.resnet import Bottleneck
+
+    torch.manual_seed(0)
+
+    def transition(c, width):
+        down = nn.Sequential(
+            nn.Conv2d(c, 4 * width, 1, stride=2, bias=False), nn.BatchNorm2d(4 * width)
+        )
+        return Bottleneck(c, width, stride=2, downsample=down)
+
+    net = nn.Sequential(Bottleneck(64, 16), transition(64, 20), Bottleneck(80, 20)).eval()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(batch, 64, hw, hw)
+    want = reference(net, x)
+    model = ai3.convert(net, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), want)
+    rows = model.summary(tuple(x.shape))
+    convs = {r["name"]: r for r in rows if r["op"].startswith("conv2d")}
+    assert convs["1.downsample.0"]["algorithm"] == "gemm", rows
+    if BLOCKED:
+        assert convs["1.conv2"]["algorithm"] == "direct", rows
+        assert {r["layout"] for r in convs.values()} == {"NCHW8c"}, rows
+        # Reorders only at the edges: the input into blocks, the output out.
+        assert not any(r["reorders"] for r in rows[1:-1]), rows
+        assert rows[0]["reorders"] and rows[-1]["reorders"], rows
+    model.blocked_layouts = False
+    assert_close(model(x), want)
+    # Asked for by name, the strided 1x1 layer keeps its blocked kernel.
+    model = ai3.convert(net, {"conv2d": "gemm"}, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), want)
+    if BLOCKED:
+        rows = model.summary(tuple(x.shape))
+        down = next(r for r in rows if r["name"] == "1.downsample.0")
+        assert down["layout"] == "NCHW8c", rows
+
+
 class WinogradStack(nn.Module):
     """VGG-like 3x3 layers (ReLU, a max pooling, channel counts that leave
     partial blocks, padding that grows the plane, odd planes for partial
@@ -772,12 +819,8 @@ def test_clamps_fuse_into_the_blocked_kernels_and_keep_nan(act):
     if BLOCKED:
         rows = model.summary(tuple(x.shape))
         blocked = {r["name"] for r in rows if r["op"] == "conv2d" and r["layout"] == "NCHW8c"}
-        # Strided layers take the blocked direct kernel with AVX-512 only
-        # (with AVX2 the run ends there, the projection's input is NCHW).
-        want_blocked = {"expand", "dw"}
-        if _core.cpu_isa() == "avx512":
-            want_blocked |= {"down", "project"}
-        assert blocked == want_blocked, rows
+        # The strided 3x3 layer takes the blocked direct kernel too.
+        assert blocked == {"expand", "dw", "down", "project"}, rows
     x[1, 3, 5, 7] = float("nan")
     got, want = model(x), reference(net, x)
     assert want.isnan().any() and not want.isnan().all()

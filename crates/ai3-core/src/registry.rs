@@ -255,9 +255,10 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// DenseNet's dense blocks run blocked from end to end: densenet121 0.92x
 /// the time with them on Winograd at batch 1, 0.93x at batch 10 (own
 /// processes, alternating). Left to the others: 256 -> 256 at 14x14 (1.33
-/// against 0.92), strided layers on AVX2 (128 -> 128 stride 2 at 56x56
-/// 1.76 against GEMM's 1.70; see [`strided_blocked_direct`] for AVX-512),
-/// RGB input layers (3 -> 32 3x3 stride 2 0.35 against 0.25). The 3x3
+/// against 0.92), 1x1 strided layers on AVX2 (see
+/// [`strided_blocked_direct`], which once left the 3x3 ones out too: 128
+/// -> 128 stride 2 at 56x56 measured 1.76 against GEMM's 1.70 before the
+/// tile's later changes), RGB input layers (3 -> 32 3x3 stride 2 0.35 against 0.25). The 3x3
 /// figures predate Winograd's blocked products running a row of tiles in
 /// one loop; since then Winograd takes the thin layers
 /// [`thin_but_blocked_winograd`] names, DenseNet's and SqueezeNet's among
@@ -278,16 +279,21 @@ fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
         && (winograd::check(p).is_err() || beats_winograd)
 }
 
-/// Whether a strided layer (3x3, or ResNet's 1x1 stride-2 downsampling)
-/// goes to the blocked direct kernel: with AVX-512, whose register tile (4
-/// blocks of 8 output channels by 12 pixels, two blocks per zmm register)
-/// is twice the AVX2 one's. Measured on resnet50 (its 3x3 and 1x1 stride-2
-/// layers, which then also keep the blocked layout; Zen 5, 2 threads, each
+/// Whether a strided layer goes to the blocked direct kernel: 3x3 ones
+/// (ResNet's stride-2 layers) on AVX2, and with AVX-512, whose register
+/// tile (4 blocks of 8 output channels by 12 pixels, two blocks per zmm
+/// register) is twice the AVX2 one's, also ResNet's 1x1 stride-2
+/// downsampling. Measured on resnet50 (Zen 5, AVX-512, 2 threads, its 3x3
+/// and 1x1 stride-2 layers, which then also keep the blocked layout, each
 /// build in its own process, alternating): 0.94x the time at batch 1,
-/// 0.90-0.97x at batch 10. With AVX2 it was 1.07x and 0.995x, so there
-/// they stay on GEMM.
+/// 0.90-0.97x at batch 10. On AVX2 (Zen 4, 2 threads, batch 1, in the
+/// network) its 3x3 stride-2 layers took 1.49, 1.56 and 1.77 ms against
+/// 1.87, 1.85 and 2.12 on GEMM (which also needs them reordered to NCHW
+/// and back); its 1x1 stride-2 layers 1.74, 1.68 and 1.69 ms against 1.55,
+/// 1.46 and 1.81, so there they stay on GEMM, whose blocked 1x1 kernel
+/// takes strides too.
 fn strided_blocked_direct(p: &Conv2dParams) -> bool {
-    p.stride != (1, 1) && ai3_kernels::isa::avx512()
+    p.stride != (1, 1) && (ai3_kernels::isa::avx512() || (p.kernel_h, p.kernel_w) == (3, 3))
 }
 
 /// Most output channels of a 3x3 layer that the blocked direct kernel runs
@@ -1073,10 +1079,12 @@ mod tests {
         let blocked = direct::runs_blocked::<f32>(&conv_params());
         let thin_stride_1 = if blocked { Algorithm::Direct } else { thin };
         assert_eq!(pick(f32_conv(16, 3, 1, 1)).unwrap(), thin_stride_1);
-        // Strided layers with 16 inputs or more (3x3, and 1x1 as ResNet's
-        // downsampling) go to direct's channel blocks with AVX-512 only.
-        let strided = direct::runs_blocked::<f32>(&conv_params()) && ai3_kernels::isa::avx512();
-        for k in [3, 1] {
+        // Strided 3x3 layers with 16 inputs or more go to direct's channel
+        // blocks where the CPU has them; 1x1 ones (ResNet's downsampling)
+        // with AVX-512 only.
+        for (k, avx512_only) in [(3, false), (1, true)] {
+            let strided = direct::runs_blocked::<f32>(&conv_params())
+                && (!avx512_only || ai3_kernels::isa::avx512());
             let on_direct = pick(f32_conv(64, k, 2, 1)).unwrap() == Algorithm::Direct;
             assert_eq!(on_direct, strided, "{k}x{k} stride 2");
         }

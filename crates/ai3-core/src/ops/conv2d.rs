@@ -5,7 +5,7 @@ use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use std::sync::OnceLock;
 
 use ai3_kernels::alloc::checked_sum;
-use ai3_kernels::cpu::blocked::pointwise::{self, Pointwise};
+use ai3_kernels::cpu::blocked::pointwise::{self, Pointwise, Subsample};
 use ai3_kernels::cpu::blocked::Fused;
 use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, smm, tiled, winograd, Epilogue};
 use ai3_kernels::cpu::pad::pad2d;
@@ -467,14 +467,20 @@ impl Conv2d {
 }
 
 /// The blocked 1x1 kernel's shape when it computes `p`: a 1x1 convolution
-/// with stride 1, no padding and one group.
+/// with no padding and one group, of any stride.
 fn pointwise_shape(p: &Conv2dParams) -> Option<Pointwise> {
-    let one = p.kernel_h == 1 && p.kernel_w == 1 && p.stride == (1, 1) && p.groups == 1;
+    let one = p.kernel_h == 1 && p.kernel_w == 1 && p.groups == 1;
+    let subsample = (p.stride != (1, 1)).then_some(Subsample {
+        in_h: p.in_h,
+        in_w: p.in_w,
+        stride: p.stride,
+    });
     (one && p.padding == Padding2d::default()).then_some(Pointwise {
         batch: p.batch,
         in_channels: p.in_channels,
         out_channels: p.out_channels,
-        plane: p.in_h * p.in_w,
+        plane: p.out_h() * p.out_w(),
+        subsample,
     })
 }
 
@@ -520,7 +526,7 @@ impl Conv2d {
             Algorithm::Gemm
                 if pointwise_shape(p).is_some() && ai3_kernels::cpu::blocked::available() =>
             {
-                let plane = p.in_h * p.in_w;
+                let plane = p.out_h() * p.out_w();
                 Some((
                     Algorithm::Gemm,
                     if plane <= POINTWISE_GAIN_PLANE {

@@ -1,6 +1,5 @@
-//! 1x1 convolution (stride 1, no padding, one group) in the blocked layout:
-//! a plain GEMM over the channels, no im2col, on the blocked kernels'
-//! register tile (`cpu/blocked/tile.rs`: a few output blocks of 8 channels
+//! 1x1 convolution (no padding, one group) in the blocked layout: a plain
+//! GEMM over the channels, no im2col, on the blocked kernels' register tile (`cpu/blocked/tile.rs`: a few output blocks of 8 channels
 //! by a few pixels, per input channel one weight vector per block and a
 //! broadcast of each pixel's value). The vectors run over output channels,
 //! so planes of any size (7x7, 14x14) fill every lane, which an NCHW GEMM
@@ -13,6 +12,10 @@
 //! `sweep_input_bytes`); otherwise each tile of pixels is used by every
 //! block of the group while it is in L1. The fused epilogue (a residual, an activation) runs on each
 //! finished output strip.
+//!
+//! A strided layer (ResNet's 1x1 stride-2 downsampling) first gathers the
+//! pixels it reads into a contiguous blocked copy (per-thread scratch, a
+//! quarter of the input at stride 2), then runs as a stride-1 one.
 
 // Elsewhere than x86-64 only the shape and the packing are used.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -74,11 +77,38 @@ pub struct Pointwise {
     pub in_channels: usize,
     /// Output channels.
     pub out_channels: usize,
-    /// Pixels per plane (`h * w`, the same in and out).
+    /// Pixels per output plane (`h * w`).
     pub plane: usize,
+    /// A strided layer's input plane and strides; `None`: stride 1, the
+    /// input plane the output's.
+    pub subsample: Option<Subsample>,
+}
+
+/// The input plane and strides of a strided 1x1 convolution: output pixel
+/// `(y, x)` reads input pixel `(y * stride.0, x * stride.1)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Subsample {
+    /// Input plane height.
+    pub in_h: usize,
+    /// Input plane width.
+    pub in_w: usize,
+    /// Strides (height, width), each at least 1.
+    pub stride: (usize, usize),
+}
+
+impl Subsample {
+    /// The output plane's height and width.
+    pub fn out_hw(&self) -> (usize, usize) {
+        let out = |i: usize, s: usize| if i == 0 { 0 } else { (i - 1) / s.max(1) + 1 };
+        (out(self.in_h, self.stride.0), out(self.in_w, self.stride.1))
+    }
 }
 
 impl Pointwise {
+    /// Pixels per input plane.
+    fn in_plane(&self) -> usize {
+        self.subsample.map_or(self.plane, |u| u.in_h * u.in_w)
+    }
     fn in_blocks(&self) -> usize {
         self.in_channels.div_ceil(BLOCK)
     }
@@ -146,10 +176,18 @@ pub fn conv2d(
     fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
+    if let Some(u) = s.subsample {
+        let (h, w) = u.out_hw();
+        if u.stride.0 == 0 || u.stride.1 == 0 || h * w != s.plane {
+            return Err(crate::KernelError::Precondition {
+                what: "a strided 1x1 convolution's output plane is its input's subsampled",
+            });
+        }
+    }
     check_len(
         "1x1 input",
         input.len(),
-        super::blocked_len(s.batch, s.in_channels, s.plane)?,
+        super::blocked_len(s.batch, s.in_channels, s.in_plane())?,
     )?;
     check_len("packed 1x1 weights", packed.len(), s.packed_len()?)?;
     check_len(
@@ -164,18 +202,59 @@ pub fn conv2d(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    run(
-        s,
-        input,
-        packed,
-        output,
-        fused,
-        epilogue,
-        sweep_input_bytes(),
-    );
+    match s.subsample {
+        None => run(
+            s,
+            input,
+            packed,
+            output,
+            fused,
+            epilogue,
+            sweep_input_bytes(),
+        ),
+        Some(u) => {
+            let len = super::blocked_len(s.batch, s.in_channels, s.plane)?;
+            crate::cpu::scratch::with_scratch_named(len, "subsampled 1x1 input", |x| {
+                subsample(s, &u, input, x);
+                let s = Pointwise {
+                    subsample: None,
+                    ..*s
+                };
+                run(&s, x, packed, output, fused, epilogue, sweep_input_bytes())
+            })?
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (fused, epilogue);
     Ok(())
+}
+
+/// Gathers into `out` (blocked, `s.plane` pixels a block) the input pixels
+/// the strided 1x1 convolution `s` reads from blocked `input`, in parallel
+/// over blocks when the layer is large enough for two threads.
+#[cfg(target_arch = "x86_64")]
+fn subsample(s: &Pointwise, u: &Subsample, input: &[f32], out: &mut [f32]) {
+    use rayon::prelude::*;
+
+    let ((oh, ow), (sh, sw)) = (u.out_hw(), u.stride);
+    let (in_block, out_block) = (u.in_h * u.in_w * BLOCK, s.plane * BLOCK);
+    if out_block == 0 {
+        return;
+    }
+    let gather = |(c, o): (usize, &mut [f32])| {
+        let x = &input[c * in_block..][..in_block];
+        for y in 0..oh {
+            let (row, o) = (&x[y * sh * u.in_w * BLOCK..], &mut o[y * ow * BLOCK..]);
+            for (i, px) in o[..ow * BLOCK].chunks_exact_mut(BLOCK).enumerate() {
+                px.copy_from_slice(&row[i * sw * BLOCK..][..BLOCK]);
+            }
+        }
+    };
+    if crate::cpu::conv2d::threads_for_macs(s.macs()) > 1 {
+        out.par_chunks_mut(out_block).enumerate().for_each(gather);
+    } else {
+        out.chunks_mut(out_block).enumerate().for_each(gather);
+    }
 }
 
 /// [`conv2d`] past its checks, with runs swept by tiles of output blocks
@@ -350,7 +429,16 @@ mod tests {
 
     fn case(s: Pointwise, bias: bool) {
         let mut rng = Rng::new((s.in_channels * 13 + s.out_channels * 7 + s.plane) as u64);
-        let x = rng.vec(s.batch * s.in_channels * s.plane);
+        let in_plane = s.in_plane();
+        let x = rng.vec(s.batch * s.in_channels * in_plane);
+        // The input pixel output pixel q reads.
+        let src = |q: usize| match s.subsample {
+            None => q,
+            Some(u) => {
+                let ow = u.out_hw().1;
+                (q / ow) * u.stride.0 * u.in_w + (q % ow) * u.stride.1
+            }
+        };
         let w = rng.vec(s.out_channels * s.in_channels);
         let b = rng.vec(s.out_channels);
         let residual = rng.vec(s.batch * s.out_channels * s.plane);
@@ -361,7 +449,8 @@ mod tests {
                 for q in 0..s.plane {
                     let mut acc = if bias { b[o] } else { 0.0 };
                     for i in 0..s.in_channels {
-                        acc += w[o * s.in_channels + i] * x[(n * s.in_channels + i) * s.plane + q];
+                        acc += w[o * s.in_channels + i]
+                            * x[(n * s.in_channels + i) * in_plane + src(q)];
                     }
                     let k = (n * s.out_channels + o) * s.plane + q;
                     want[k] = (acc + residual[k]).max(0.0);
@@ -369,8 +458,8 @@ mod tests {
             }
         }
         let xf: Vec<f32> = cast(&x);
-        let mut xb = vec![0.0; blocked_len(s.batch, s.in_channels, s.plane).unwrap()];
-        to_blocked(s.batch, s.in_channels, s.plane, &xf, &mut xb).unwrap();
+        let mut xb = vec![0.0; blocked_len(s.batch, s.in_channels, in_plane).unwrap()];
+        to_blocked(s.batch, s.in_channels, in_plane, &xf, &mut xb).unwrap();
         let rf: Vec<f32> = cast(&residual);
         let mut rb = vec![0.0; blocked_len(s.batch, s.out_channels, s.plane).unwrap()];
         to_blocked(s.batch, s.out_channels, s.plane, &rf, &mut rb).unwrap();
@@ -393,9 +482,19 @@ mod tests {
         let fusions = [(Fused::default(), Some(&e as Epilogue<f32>)), (fused, None)];
         for (sweep, (fused, epilogue)) in runs.into_iter().flat_map(|r| fusions.map(|f| (r, f))) {
             let mut ob = vec![f32::NAN; rb.len()];
-            match sweep {
-                None => conv2d(&s, &xb, &packed, &mut ob, fused, epilogue).unwrap(),
-                Some(bytes) => run(&s, &xb, &packed, &mut ob, fused, epilogue, bytes),
+            match (sweep, s.subsample) {
+                (None, _) => conv2d(&s, &xb, &packed, &mut ob, fused, epilogue).unwrap(),
+                (Some(bytes), None) => run(&s, &xb, &packed, &mut ob, fused, epilogue, bytes),
+                (Some(bytes), Some(u)) => {
+                    let mut xs =
+                        vec![f32::NAN; blocked_len(s.batch, s.in_channels, s.plane).unwrap()];
+                    subsample(&s, &u, &xb, &mut xs);
+                    let s = Pointwise {
+                        subsample: None,
+                        ..s
+                    };
+                    run(&s, &xs, &packed, &mut ob, fused, epilogue, bytes)
+                }
             }
             // Padding lanes stay zero-based: finite.
             assert!(ob.iter().all(|v| v.is_finite()), "{s:?}");
@@ -416,7 +515,14 @@ mod tests {
     /// that leave partial tiles and several tasks, groups of blocks smaller
     /// than the layer (many input channels), both loop orders.
     fn grid() {
-        for &(batch, ic, oc, plane) in &[
+        let plain = |(batch, in_channels, out_channels, plane)| Pointwise {
+            batch,
+            in_channels,
+            out_channels,
+            plane,
+            subsample: None,
+        };
+        let cases = [
             (1, 8, 8, 1),
             (1, 3, 5, 7),
             (2, 16, 24, 49),
@@ -434,18 +540,68 @@ mod tests {
             // Too many input channels for a run of SWEEP_TILES tiles to fit
             // sweep_input_bytes: tiles of pixels outer.
             (1, 512, 16, 196),
-        ] {
-            for bias in [true, false] {
-                case(
-                    Pointwise {
-                        batch,
-                        in_channels: ic,
-                        out_channels: oc,
-                        plane,
-                    },
-                    bias,
-                );
+        ]
+        .map(plain);
+        // Strided: ResNet's downsampling (even and odd planes), unequal
+        // and larger strides, one pixel, partial blocks, several images.
+        let strided = [
+            (1, 64, 128, (56, 56), (2, 2)),
+            (2, 40, 24, (15, 13), (2, 2)),
+            (1, 11, 19, (9, 10), (2, 3)),
+            (1, 16, 16, (7, 7), (3, 1)),
+            (1, 24, 8, (1, 1), (2, 2)),
+            (3, 512, 40, (14, 14), (2, 2)),
+        ]
+        .map(|(batch, ic, oc, (in_h, in_w), stride)| {
+            let u = Subsample { in_h, in_w, stride };
+            let (h, w) = u.out_hw();
+            Pointwise {
+                subsample: Some(u),
+                ..plain((batch, ic, oc, h * w))
             }
+        });
+        for s in cases.into_iter().chain(strided) {
+            for bias in [true, false] {
+                case(s, bias);
+            }
+        }
+    }
+
+    #[test]
+    fn a_strided_plane_that_is_not_the_subsampled_input_is_an_error() {
+        if !crate::cpu::blocked::available() {
+            return;
+        }
+        let s = Pointwise {
+            batch: 1,
+            in_channels: 8,
+            out_channels: 8,
+            plane: 16,
+            subsample: Some(Subsample {
+                in_h: 7,
+                in_w: 7,
+                stride: (2, 2),
+            }),
+        };
+        let x = vec![0.0; blocked_len(1, 8, 49).unwrap()];
+        let packed = vec![0.0; s.packed_len().unwrap()];
+        let mut out = vec![0.0; blocked_len(1, 8, 16).unwrap()];
+        // 7x7 at stride 2 is 4x4: right.
+        conv2d(&s, &x, &packed, &mut out, Fused::default(), None).unwrap();
+        for bad in [
+            Pointwise { plane: 9, ..s },
+            Pointwise {
+                subsample: Some(Subsample {
+                    in_h: 7,
+                    in_w: 7,
+                    stride: (0, 2),
+                }),
+                ..s
+            },
+        ] {
+            let mut out = vec![0.0; blocked_len(1, 8, bad.plane).unwrap()];
+            let err = conv2d(&bad, &x, &packed, &mut out, Fused::default(), None).unwrap_err();
+            assert!(err.to_string().contains("strided 1x1"), "{err}");
         }
     }
 
