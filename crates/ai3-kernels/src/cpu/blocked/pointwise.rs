@@ -1,7 +1,8 @@
 //! 1x1 convolution (no padding, one group) in the blocked layout: a plain
-//! GEMM over the channels, no im2col, on the blocked kernels' register tile (`cpu/blocked/tile.rs`: a few output blocks of 8 channels
-//! by a few pixels, per input channel one weight vector per block and a
-//! broadcast of each pixel's value). The vectors run over output channels,
+//! GEMM over the channels, no im2col, on the blocked kernels' register
+//! tile (`cpu/blocked/tile.rs`: a few output blocks of 8 channels by a few
+//! pixels, per input channel one weight vector per block and a broadcast
+//! of each pixel's value). The vectors run over output channels,
 //! so planes of any size (7x7, 14x14) fill every lane, which an NCHW GEMM
 //! vectorised over the pixels cannot.
 //!
