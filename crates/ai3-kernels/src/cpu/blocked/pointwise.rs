@@ -203,31 +203,46 @@ pub fn conv2d(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    match s.subsample {
-        None => run(
-            s,
-            input,
-            packed,
-            output,
-            fused,
-            epilogue,
-            sweep_input_bytes(),
-        ),
-        Some(u) => {
-            let len = super::blocked_len(s.batch, s.in_channels, s.plane)?;
-            crate::cpu::scratch::with_scratch_named(len, "subsampled 1x1 input", |x| {
-                subsample(s, &u, input, x);
-                let s = Pointwise {
-                    subsample: None,
-                    ..*s
-                };
-                run(&s, x, packed, output, fused, epilogue, sweep_input_bytes())
-            })?
-        }
-    }
+    run_strided(
+        s,
+        input,
+        packed,
+        output,
+        fused,
+        epilogue,
+        sweep_input_bytes(),
+    )?;
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (fused, epilogue);
     Ok(())
+}
+
+/// [`run`] for a layer of any stride: a strided one's pixels gathered
+/// first ([`subsample`]) into per-thread scratch, a refused allocation of
+/// which is the only error.
+#[cfg(target_arch = "x86_64")]
+fn run_strided(
+    s: &Pointwise,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    fused: Fused<'_>,
+    epilogue: Option<Epilogue<f32>>,
+    sweep_bytes: usize,
+) -> KernelResult<()> {
+    let Some(u) = s.subsample else {
+        run(s, input, packed, output, fused, epilogue, sweep_bytes);
+        return Ok(());
+    };
+    let len = super::blocked_len(s.batch, s.in_channels, s.plane)?;
+    crate::cpu::scratch::with_scratch_named(len, "subsampled 1x1 input", |x| {
+        subsample(s, &u, input, x);
+        let s = Pointwise {
+            subsample: None,
+            ..*s
+        };
+        run(&s, x, packed, output, fused, epilogue, sweep_bytes)
+    })
 }
 
 /// Gathers into `out` (blocked, `s.plane` pixels a block) the input pixels
@@ -483,18 +498,10 @@ mod tests {
         let fusions = [(Fused::default(), Some(&e as Epilogue<f32>)), (fused, None)];
         for (sweep, (fused, epilogue)) in runs.into_iter().flat_map(|r| fusions.map(|f| (r, f))) {
             let mut ob = vec![f32::NAN; rb.len()];
-            match (sweep, s.subsample) {
-                (None, _) => conv2d(&s, &xb, &packed, &mut ob, fused, epilogue).unwrap(),
-                (Some(bytes), None) => run(&s, &xb, &packed, &mut ob, fused, epilogue, bytes),
-                (Some(bytes), Some(u)) => {
-                    let mut xs =
-                        vec![f32::NAN; blocked_len(s.batch, s.in_channels, s.plane).unwrap()];
-                    subsample(&s, &u, &xb, &mut xs);
-                    let s = Pointwise {
-                        subsample: None,
-                        ..s
-                    };
-                    run(&s, &xs, &packed, &mut ob, fused, epilogue, bytes)
+            match sweep {
+                None => conv2d(&s, &xb, &packed, &mut ob, fused, epilogue).unwrap(),
+                Some(bytes) => {
+                    run_strided(&s, &xb, &packed, &mut ob, fused, epilogue, bytes).unwrap()
                 }
             }
             // Padding lanes stay zero-based: finite.
