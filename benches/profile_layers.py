@@ -6,6 +6,9 @@ own, the same weights and input as ``compare_engines.py``): ai3 with
 and output shape (ONNX Runtime fuses and renames nodes, so names do not match, and
 two layers of the same shapes cannot be told apart from its profile); each group
 shows both engines' summed median times, largest difference (either way) first.
+Summed over the whole network, per-node medians read below the median whole run
+(0.2-0.3 ms of mobilenet_v2's 5 at batch 1 on a 2-core Zen 4): compare networks by
+their end-to-end times.
 Reorders into and out of a blocked layout count with the node they serve in ai3;
 ONNX Runtime reports its own as separate nodes. Linear layers over more than two
 dimensions are grouped as the 2-D products ONNX Runtime runs; where its graph
@@ -153,7 +156,10 @@ def markdown(name: str, batch: int, a: dict, o: dict, rows: list[dict], top: int
         "",
         f"End to end: ai3 {a['total_ms']:.2f} ms, ONNX Runtime {o['total_ms']:.2f} ms "
         f"({a['total_ms'] / o['total_ms']:.2f}x). Nodes summed: ai3 {sum_a:.2f} ms, "
-        f"ONNX Runtime {sum_o:.2f} ms.",
+        f"ONNX Runtime {sum_o:.2f} ms. (A sum of per-node medians reads below the median "
+        "whole run, each node's slow calls falling in different runs; ONNX Runtime's "
+        "profiler adds its own cost to each node: compare networks end to end, layers "
+        "below.)",
         "",
         "| input -> output | nodes (ai3 / ORT) | ai3 | ORT | ai3 ms | ORT ms | difference |",
         "|---|---|---|---|---|---|---|",
