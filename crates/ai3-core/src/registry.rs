@@ -259,10 +259,10 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// [`strided_blocked_direct`], which once left the 3x3 ones out too: 128
 /// -> 128 stride 2 at 56x56 measured 1.76 against GEMM's 1.70 before the
 /// tile's later changes), RGB input layers (3 -> 32 3x3 stride 2 0.35
-/// against 0.25). The 3x3 figures predate Winograd's blocked products running a row of tiles in
-/// one loop; since then Winograd takes the thin layers
-/// [`thin_but_blocked_winograd`] names, DenseNet's and SqueezeNet's among
-/// them.
+/// against 0.25). The 3x3 figures predate Winograd's blocked products
+/// running a row of tiles in one loop; since then Winograd takes the thin
+/// layers [`thin_but_blocked_winograd`] names, DenseNet's and SqueezeNet's
+/// among them.
 fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
     let blocked = match dtype {
         DType::F32 => direct::runs_blocked::<f32>(p),
