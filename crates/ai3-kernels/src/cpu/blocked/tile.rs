@@ -122,6 +122,10 @@ pub(crate) struct Tile<'a> {
     /// Blocked output only: the bounds the sums are clamped to, after the
     /// residual, before they are stored (ReLU, ReLU6; NaN passes through).
     pub clamp: Option<(f32, f32)>,
+    /// Blocked output on AVX2 only: the sums start from the output's
+    /// values rather than from the bias (a reduction split over input
+    /// channels, continued). The AVX-512 tile refuses it.
+    pub accumulate: bool,
 }
 
 impl Tile<'_> {
@@ -270,6 +274,7 @@ unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
+    assert!(!t.accumulate, "the AVX-512 tile starts from the bias only");
     macro_rules! pixels {
         ($z:literal, $packed:literal) => {
             pixels!($z, $packed: 1 2 3 4 5 6 7 8 9 10 11 12)
@@ -384,6 +389,25 @@ pub(crate) unsafe fn clamp512(v: __m512, lo: __m512, hi: __m512) -> __m512 {
     unsafe { _mm512_min_ps(hi, _mm512_max_ps(lo, v)) }
 }
 
+/// The AVX2 tile's first sums: the bias, or where `t.accumulate`, the
+/// blocked output's values from `out` (the tile's first pixel).
+#[inline(always)]
+unsafe fn start<const OB: usize, const P: usize>(
+    t: &Tile<'_>,
+    out: *const f32,
+) -> [[__m256; P]; OB] {
+    // SAFETY: the caller vouches for the bias and the tile's output range.
+    unsafe {
+        if t.accumulate {
+            std::array::from_fn(|o| {
+                std::array::from_fn(|p| _mm256_loadu_ps(out.add(o * t.out_block + p * CB)))
+            })
+        } else {
+            std::array::from_fn(|o| [_mm256_loadu_ps(t.bias.add(o * CB)); P])
+        }
+    }
+}
+
 /// The AVX2 tile for `OB` blocks by `P` pixels, unrolled.
 #[allow(clippy::needless_range_loop)]
 #[inline]
@@ -392,8 +416,7 @@ unsafe fn avx2<const OB: usize, const P: usize>(t: &Tile<'_>) {
     // SAFETY (whole body): reads and writes stay in the ranges the caller
     // vouches for.
     unsafe {
-        let mut acc: [[__m256; P]; OB] =
-            std::array::from_fn(|o| [_mm256_loadu_ps(t.bias.add(o * CB)); P]);
+        let mut acc = start::<OB, P>(t, t.out);
         reduce(t, |xt, wt, l| {
             let wv: [__m256; OB] =
                 std::array::from_fn(|o| _mm256_loadu_ps(wt.add(o * t.w_stride + l * CB)));
@@ -426,8 +449,7 @@ unsafe fn avx2_row<const OB: usize, const P: usize>(tiles: usize, t: &Tile<'_>) 
     unsafe {
         for i in 0..tiles {
             let x = t.x.add(i * P * CB);
-            let mut acc: [[__m256; P]; OB] =
-                std::array::from_fn(|o| [_mm256_loadu_ps(t.bias.add(o * CB)); P]);
+            let mut acc = start::<OB, P>(t, t.out.add(i * P * CB));
             for b in 0..icb {
                 let (xb, wb) = (x.add(b * x_block), t.w.add(b * CB * CB));
                 for l in 0..CB {

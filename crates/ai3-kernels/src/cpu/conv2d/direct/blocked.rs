@@ -264,6 +264,7 @@ pub fn conv2d(
                             valid,
                             residual: residual.map_or(std::ptr::null(), |r| r[at..].as_ptr()),
                             clamp: fused.clamp,
+                            accumulate: false,
                         },
                     )
                 };
