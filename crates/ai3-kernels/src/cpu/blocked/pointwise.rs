@@ -338,11 +338,12 @@ fn run(
     // `sweep_bytes`: the tiles of output blocks start each chunk from the
     // sums the last one stored, and the fused residual and clamp come with
     // the last. On AVX2 (Zen 1, the kernel alone, two threads, hot, 11
-    // paired rounds) that took 0.83-0.95x the time on every such layer of
+    // paired rounds) that took 0.83-0.95x the time on the deep layers of
     // MobileNetV2, EfficientNet, ResNet-50 and GoogLeNet measured (960 ->
     // 320 at 7x7 0.89x, 576 -> 96 at 14x14 0.90x, 512 -> 128 at 28x28
-    // 0.84x, 2048 -> 512 at 7x7 0.93x, 832 -> 128 at 7x7 0.91x), about the
-    // same with chunks of 24-48 KB of input; chunking layers whose tile of
+    // 0.84x, 2048 -> 512 at 7x7 0.93x, 832 -> 128 at 7x7 0.91x; 576 -> 160
+    // at 7x7 0.98-1.00x), about the same with chunks of 24-48 KB of input
+    // (this budget, 28 KB, lies between); chunking layers whose tile of
     // weights fits already measured 0.93-1.08x, so they keep one chunk.
     // The AVX-512 tile always starts from the bias (not measured there).
     let chunk = if input_fits || weights_fit || sweep_bytes == 0 || crate::isa::avx512() {
