@@ -110,6 +110,23 @@ def test_huge_padding_with_a_huge_stride_computes(stride):
     both(nn.Conv2d(1, 2, 3, padding=stride, stride=stride), torch.randn(1, 1, 5, 5))
 
 
+@pytest.mark.parametrize(
+    "padding,stride",
+    [((1, 100_000), (100, 10**6)), ((50, 3), (60, 1)), (100, 300), ((0, 10**5), (2, 10**5))],
+)
+def test_fft_with_huge_padding_transforms_only_what_outputs_read(padding, stride):
+    """The FFT algorithm transformed the whole padded plane (42 x 200007 in
+    the case the fuzzer found: 24 s, past its time limit) for outputs that
+    read a few columns of it, or padding alone (the bias)."""
+    conv = nn.Conv2d(16, 16, (9, 3), stride, padding, dilation=2, groups=2).double()
+    x = torch.randn(2, 16, 40, 7, dtype=torch.float64)
+    start = time.perf_counter()
+    with torch.no_grad():
+        got = ai3.convert(conv, {"conv2d": "fft"})(x)
+        assert time.perf_counter() - start < 5
+        assert_close(got, conv(x))
+
+
 @pytest.mark.parametrize("in_f,out_f", [(0, 4), (3, 0)])
 def test_swapped_linear_with_no_features_trains(in_f, out_f):
     """The backward of a swapped linear reshaped with -1, ambiguous on 0 elements."""

@@ -1,9 +1,13 @@
 //! FFT convolution.
 //!
-//! Each zero-padded input plane is placed in an `fft_h x fft_w` buffer
-//! (`fft_h >= padded_h`, `fft_w >= padded_w`, both 2^a 3^b 5^c so the FFTs
-//! are fast), so the circular correlation the FFT computes equals the linear
-//! one at every position an output reads. Per output channel the products
+//! Only the outputs whose windows touch the input need a transform (the
+//! others, reading padding alone, are the bias), and they read only part of
+//! the padded plane: a [`Span`] per dimension. That part of each zero-padded
+//! input plane is placed in an `fft_h x fft_w` buffer (`fft_h >= span.len`
+//! per dimension, both 2^a 3^b 5^c so the FFTs are fast), so the circular
+//! correlation the FFT computes equals the linear one at every position an
+//! output reads. Huge padding with a stride longer than the kernel thus
+//! costs what the input does, not what the padded plane would. Per output channel the products
 //! `X_c ⊙ conj(K_oc,c)` are summed over the group's input channels in the
 //! frequency domain, and one inverse FFT per (image, output channel) gives
 //! the stride-1 correlation, which is sampled at `(y * stride, x * stride)`.
@@ -62,12 +66,93 @@ fn fft_len(n: usize, even: bool) -> Option<usize> {
     best
 }
 
+/// The outputs along one dimension whose windows touch the input, and the
+/// stretch of the padded input they read.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Span {
+    /// The first such output.
+    first: usize,
+    /// How many outputs from `first` on touch the input; 0 when none does.
+    count: usize,
+    /// Padded positions they read, from `first * stride` on:
+    /// `(count - 1) * stride + effective kernel`.
+    len: usize,
+    /// Where input position 0 falls in that stretch (negative: the stretch
+    /// starts inside the input).
+    origin: isize,
+    /// The stride.
+    stride: usize,
+}
+
+impl Span {
+    /// The span of a dimension of `n` inputs after `before` padding, read by
+    /// `out` windows of `eff` positions every `stride`.
+    fn new(n: usize, before: usize, stride: usize, eff: usize, out: usize) -> Self {
+        // Output x reads [x * stride, x * stride + eff); the input lies in
+        // [before, before + n). Sizes were checked to fit, so none of this
+        // overflows.
+        let first = if before >= eff {
+            (before - eff) / stride + 1
+        } else {
+            0
+        };
+        let last = ((before + n).saturating_sub(1) / stride).min(out.saturating_sub(1));
+        if n == 0 || out == 0 || first > last {
+            return Self {
+                first: 0,
+                count: 0,
+                len: 0,
+                origin: 0,
+                stride,
+            };
+        }
+        let count = last - first + 1;
+        Self {
+            first,
+            count,
+            len: (count - 1) * stride + eff,
+            origin: before as isize - (first * stride) as isize,
+            stride,
+        }
+    }
+
+    /// The input positions the stretch holds, and where the first falls in it.
+    fn inputs(&self, n: usize) -> (std::ops::Range<usize>, usize) {
+        let start = (-self.origin).max(0) as usize;
+        let at = (self.origin + start as isize) as usize;
+        let end = n.min(start + self.len.saturating_sub(at));
+        (start..end.max(start), at)
+    }
+}
+
+/// The height and width spans of a problem.
+fn spans(p: &Conv2dParams) -> (Span, Span) {
+    (
+        Span::new(
+            p.in_h,
+            p.padding.top,
+            p.stride.0,
+            p.effective_kernel_h(),
+            p.out_h(),
+        ),
+        Span::new(
+            p.in_w,
+            p.padding.left,
+            p.stride.1,
+            p.effective_kernel_w(),
+            p.out_w(),
+        ),
+    )
+}
+
 /// FFT sizes of a problem: `(fft_h, fft_w, fft_w / 2 + 1)`, or an overflow
-/// error when the padded input is too large for FFT sizes that fit in `usize`.
+/// error when the read part of the padded input is too large for FFT sizes
+/// that fit in `usize`.
 pub fn fft_shape(p: &Conv2dParams) -> KernelResult<(usize, usize, usize)> {
     let overflow = |what| KernelError::Overflow { what };
-    let h = fft_len(p.padded_h(), false).ok_or(overflow("FFT height"))?;
-    let w = fft_len(p.padded_w(), true).ok_or(overflow("FFT width"))?;
+    let (sh, sw) = spans(p);
+    let h = fft_len(sh.len, false).ok_or(overflow("FFT height"))?;
+    let w = fft_len(sw.len, true).ok_or(overflow("FFT width"))?;
     Ok((h, w, w / 2 + 1))
 }
 
@@ -130,7 +215,7 @@ impl<T: Float> Plan<T> {
         let mut ehi = try_vec_with_capacity(ehr.capacity(), WHAT)?;
         for ky in 0..p.kernel_h {
             for u in 0..h {
-                // ky * dilation < padded_h <= h: no overflow.
+                // ky * dilation < span.len <= h: no overflow.
                 let z: Complex<T> = twiddle(u, ky * p.dilation.0, h);
                 ehr.push(z.re);
                 ehi.push(z.im);
@@ -212,7 +297,7 @@ impl<T: Float> Buffers<T> {
 /// of the batch.
 ///
 /// Fails, before writing anything, when a buffer has the wrong length or the
-/// spectra (at least as large as the padded input) overflow or cannot be
+/// spectra (at least as large as the read part of the padded input) overflow or cannot be
 /// allocated; a refused per-thread buffer fails the call too (some of the
 /// output may then have been written).
 pub fn conv2d<T: Float>(
@@ -225,6 +310,15 @@ pub fn conv2d<T: Float>(
     p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
     check_len("conv2d weight", weight.len(), p.weight_len())?;
     if p.output_len() == 0 {
+        return Ok(());
+    }
+    let (sh, sw) = spans(p);
+    if sh.count == 0 || sw.count == 0 {
+        // Every window reads padding alone.
+        let plane = p.out_h() * p.out_w();
+        for (o, dst) in output.chunks_exact_mut(plane).enumerate() {
+            dst.fill(bias.map_or(T::zero(), |b| b[o % p.out_channels]));
+        }
         return Ok(());
     }
     const WHAT: &str = "FFT input spectra";
@@ -252,7 +346,7 @@ pub fn conv2d<T: Float>(
                     let buf = buf.as_mut().map_err(|e| e.clone())?;
                     let plane_len = p.in_h * p.in_w;
                     let plane = &input[(n0 * p.in_channels + i) * plane_len..][..plane_len];
-                    forward(p, &plan, plane, dst, buf);
+                    forward(p, (sh, sw), &plan, plane, dst, buf);
                     Ok(())
                 },
             )?;
@@ -271,7 +365,7 @@ pub fn conv2d<T: Float>(
                         // exactly one task, and it lies inside `output`.
                         let dst = unsafe { plane_mut(out, start, plane_out) };
                         let b = bias.map_or(T::zero(), |b| b[o]);
-                        inverse(p, &plan, i, b, dst, buf);
+                        inverse(p, (sh, sw), &plan, i, b, dst, buf);
                     }
                     Ok(())
                 },
@@ -288,10 +382,12 @@ unsafe fn plane_mut<'a, T>(out: SharedMut<T>, start: usize, len: usize) -> &'a m
     std::slice::from_raw_parts_mut(out.0.add(start), len)
 }
 
-/// Writes the split spectrum `[2, wc, fft_h]` of one input plane placed at
-/// `(top, left)` in an otherwise zero `fft_h x fft_w` buffer.
+/// Writes the split spectrum `[2, wc, fft_h]` of the part of one input plane
+/// the spans read, placed at their origins in an otherwise zero
+/// `fft_h x fft_w` buffer.
 fn forward<T: Float>(
     p: &Conv2dParams,
+    (sh, sw): (Span, Span),
     plan: &Plan<T>,
     plane: &[T],
     dst: &mut [T],
@@ -299,15 +395,16 @@ fn forward<T: Float>(
 ) {
     let h = plan.h;
     buf.cols.fill(Complex::new(T::zero(), T::zero()));
-    let (top, left) = (p.padding.top, p.padding.left);
-    for (y, row) in plane.chunks_exact(p.in_w).enumerate() {
+    let (rows, top) = sh.inputs(p.in_h);
+    let (cols, left) = sw.inputs(p.in_w);
+    let width = cols.len();
+    for (u, row) in (top..).zip(plane.chunks_exact(p.in_w).skip(rows.start).take(rows.len())) {
         buf.real.fill(T::zero());
-        buf.real[left..left + p.in_w].copy_from_slice(row);
+        buf.real[left..left + width].copy_from_slice(&row[cols.clone()]);
         // Lengths match the plan by construction, so this cannot fail.
         let _ = plan
             .r2c
             .process_with_scratch(&mut buf.real, &mut buf.rows, &mut buf.scratch);
-        let u = top + y;
         for (v, &z) in buf.rows.iter().enumerate() {
             buf.cols[v * h + u] = z;
         }
@@ -412,9 +509,11 @@ fn add_product<T: Float>(
 }
 
 /// Inverse-transforms image `i`'s accumulated spectrum and writes the
-/// strided samples, scaled and biased, to `dst` (`[out_h, out_w]`).
+/// strided samples, scaled and biased, to the spans' outputs in `dst`
+/// (`[out_h, out_w]`); the other outputs, reading padding alone, get the bias.
 fn inverse<T: Float>(
     p: &Conv2dParams,
+    (sh, sw): (Span, Span),
     plan: &Plan<T>,
     i: usize,
     bias: T,
@@ -431,8 +530,12 @@ fn inverse<T: Float>(
         .process_with_scratch(&mut buf.cols, &mut buf.scratch);
     let scale = T::one() / T::from_usize(h * w).unwrap_or_else(T::one);
     let ow = p.out_w();
-    for (y, out_row) in dst.chunks_exact_mut(ow).enumerate() {
-        let u = y * p.stride.0;
+    if sh.count < p.out_h() || sw.count < ow {
+        dst.fill(bias);
+    }
+    let rows = dst.chunks_exact_mut(ow).skip(sh.first).take(sh.count);
+    for (y, out_row) in rows.enumerate() {
+        let u = y * sh.stride;
         for (v, r) in buf.rows.iter_mut().enumerate() {
             *r = buf.cols[v * h + u];
         }
@@ -443,8 +546,9 @@ fn inverse<T: Float>(
         let _ = plan
             .c2r
             .process_with_scratch(&mut buf.rows, &mut buf.real, &mut buf.scratch);
-        for (x, o) in out_row.iter_mut().enumerate() {
-            *o = buf.real[x * p.stride.1] * scale + bias;
+        let outs = out_row[sw.first..][..sw.count].iter_mut();
+        for (o, &r) in outs.zip(buf.real.iter().step_by(sw.stride)) {
+            *o = r * scale + bias;
         }
     }
 }
@@ -526,6 +630,57 @@ mod tests {
     #[test]
     fn matches_reference_on_larger_shapes() {
         crate::cpu::conv2d::padded::check_larger_shapes("fft", conv2d::<f32>, conv2d::<f64>);
+    }
+
+    /// Strides far longer than the kernel with huge padding read a few rows
+    /// and columns of a padded plane millions wide: the FFT covers only
+    /// those (it took half a minute over the whole plane). Also: windows
+    /// that skip the input's first rows, outputs that read padding alone on
+    /// either side, and planes whose every output does.
+    #[test]
+    fn transforms_only_what_outputs_read() {
+        use crate::cpu::test_util::{check_conv_case, Rng};
+        use crate::params::Padding2d;
+        let mut rng = Rng::new(5);
+        let pad = |top, bottom, left, right| Padding2d {
+            top,
+            bottom,
+            left,
+            right,
+        };
+        // (padding, stride, (in_h, in_w), (kernel_h, kernel_w), the largest FFT side)
+        for (padding, stride, in_hw, k, most) in [
+            (
+                pad(1, 1, 100_000, 100_000),
+                (100, 1_000_000),
+                (40, 7),
+                (9, 3),
+                20,
+            ),
+            (pad(3, 3, 2, 2), (7, 1_000_000), (40, 7), (9, 3), 64),
+            (pad(1, 1, 30, 2_000_000), (1, 1_000_000), (6, 7), (3, 3), 16),
+            (pad(1, 1, 1, 1), (3, 3), (11, 10), (1, 1), 16),
+            (pad(5, 0, 9, 12), (2, 3), (6, 7), (2, 2), 16),
+            (pad(50, 50, 0, 0), (60, 1), (6, 7), (2, 2), 16),
+            (pad(50, 50, 2, 2), (200, 200), (6, 7), (3, 3), 8),
+        ] {
+            let p = Conv2dParams {
+                batch: 2,
+                in_channels: 4,
+                in_h: in_hw.0,
+                in_w: in_hw.1,
+                out_channels: 4,
+                kernel_h: k.0,
+                kernel_w: k.1,
+                stride,
+                padding,
+                dilation: (2, 2),
+                groups: 2,
+            };
+            let (h, w, _) = fft_shape(&p).unwrap();
+            assert!(h <= most && w <= most, "{p:?}: FFT {h} x {w}");
+            check_conv_case("fft", &p, &mut rng, conv2d::<f32>, conv2d::<f64>);
+        }
     }
 
     #[test]
