@@ -12,6 +12,7 @@ instead of killing the test run.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -75,24 +76,34 @@ def alive():
 """
 
 
-def conv_in_child(layer: str, algo: str) -> dict:
-    """``convert`` and ``swap_conv2d`` of ``layer`` (its source) with ``algo`` on a
-    1x3x8x8 input, in a child process: what each raised or returned, and whether
-    the child could still compute afterwards."""
+@functools.cache
+def _conv_children(layer: str) -> dict:
+    """``conv_in_child`` for every algorithm of ``CONV_ALGOS``, in one child
+    process (each child costs seconds to import torch)."""
     return run_isolated(
         DESCRIBE
         + f"""
-algo = ARGS[0]
 layer = {layer}
 x = torch.randn(1, 3, 8, 8)
-print(json.dumps({{
-    "convert": describe(lambda: ai3.convert(layer, {{"conv2d": algo}})(x)),
-    "swap": describe(lambda: ai3.swap_conv2d(nn.Sequential(layer), algo)(x)),
-    "alive": alive(),
-}}))
+got = {{}}
+for algo in ARGS[0]:
+    got[algo] = {{
+        "convert": describe(lambda: ai3.convert(layer, {{"conv2d": algo}})(x)),
+        "swap": describe(lambda: ai3.swap_conv2d(nn.Sequential(layer), algo)(x)),
+    }}
+print(json.dumps({{"algos": got, "alive": alive()}}))
 """,
-        algo,
+        CONV_ALGOS,
     )
+
+
+def conv_in_child(layer: str, algo: str) -> dict:
+    """``convert`` and ``swap_conv2d`` of ``layer`` (its source) with ``algo`` on a
+    1x3x8x8 input, in a child process: what each raised or returned, and whether
+    the child could still compute afterwards. One child runs every algorithm of
+    a layer, so an abort fails every algorithm's test of that layer."""
+    got = _conv_children(layer)
+    return {**got["algos"][algo], "alive": got["alive"]}
 
 
 def check_oom(got: dict | None, *parts: str) -> None:
