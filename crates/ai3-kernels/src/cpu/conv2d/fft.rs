@@ -7,7 +7,9 @@
 //! per dimension, both 2^a 3^b 5^c so the FFTs are fast), so the circular
 //! correlation the FFT computes equals the linear one at every position an
 //! output reads. Huge padding with a stride longer than the kernel thus
-//! costs what the input does, not what the padded plane would. Per output channel the products
+//! costs what the input does, not what the padded plane would.
+//!
+//! Per output channel the products
 //! `X_c ⊙ conj(K_oc,c)` are summed over the group's input channels in the
 //! frequency domain, and one inverse FFT per (image, output channel) gives
 //! the stride-1 correlation, which is sampled at `(y * stride, x * stride)`.
@@ -77,9 +79,10 @@ struct Span {
     /// Padded positions they read, from `first * stride` on:
     /// `(count - 1) * stride + effective kernel`.
     len: usize,
-    /// Where input position 0 falls in that stretch (negative: the stretch
-    /// starts inside the input).
-    origin: isize,
+    /// Input positions before the stretch (it starts inside the input).
+    skip: usize,
+    /// Where the first input position the stretch holds falls in it.
+    at: usize,
     /// The stride.
     stride: usize,
 }
@@ -89,8 +92,9 @@ impl Span {
     /// `out` windows of `eff` positions every `stride`.
     fn new(n: usize, before: usize, stride: usize, eff: usize, out: usize) -> Self {
         // Output x reads [x * stride, x * stride + eff); the input lies in
-        // [before, before + n). Sizes were checked to fit, so none of this
-        // overflows.
+        // [before, before + n). Sizes were checked to fit (the padded size
+        // is a usize), so none of this overflows: first * stride <=
+        // last * stride < before + n.
         let first = if before >= eff {
             (before - eff) / stride + 1
         } else {
@@ -102,26 +106,28 @@ impl Span {
                 first: 0,
                 count: 0,
                 len: 0,
-                origin: 0,
+                skip: 0,
+                at: 0,
                 stride,
             };
         }
         let count = last - first + 1;
+        let begin = first * stride;
         Self {
             first,
             count,
             len: (count - 1) * stride + eff,
-            origin: before as isize - (first * stride) as isize,
+            skip: begin.saturating_sub(before),
+            at: before.saturating_sub(begin),
             stride,
         }
     }
 
-    /// The input positions the stretch holds, and where the first falls in it.
+    /// The input positions (of `n`) the stretch holds, and where the first
+    /// falls in it.
     fn inputs(&self, n: usize) -> (std::ops::Range<usize>, usize) {
-        let start = (-self.origin).max(0) as usize;
-        let at = (self.origin + start as isize) as usize;
-        let end = n.min(start + self.len.saturating_sub(at));
-        (start..end.max(start), at)
+        let end = n.min(self.skip.saturating_add(self.len.saturating_sub(self.at)));
+        (self.skip..end.max(self.skip), self.at)
     }
 }
 
@@ -383,7 +389,7 @@ unsafe fn plane_mut<'a, T>(out: SharedMut<T>, start: usize, len: usize) -> &'a m
 }
 
 /// Writes the split spectrum `[2, wc, fft_h]` of the part of one input plane
-/// the spans read, placed at their origins in an otherwise zero
+/// the spans read, placed where the spans put it in an otherwise zero
 /// `fft_h x fft_w` buffer.
 fn forward<T: Float>(
     p: &Conv2dParams,
@@ -681,6 +687,22 @@ mod tests {
             assert!(h <= most && w <= most, "{p:?}: FFT {h} x {w}");
             check_conv_case("fft", &p, &mut rng, conv2d::<f32>, conv2d::<f64>);
         }
+    }
+
+    #[test]
+    fn spans_of_huge_sizes_do_not_overflow() {
+        // A stride of 2^63 after 2^63 - 5 padding: output 1 reads input
+        // position 5 alone, output 0 padding alone.
+        let big = 1usize << 63;
+        let s = Span::new(8, big - 5, big, 1, 2);
+        assert_eq!((s.first, s.count, s.len, s.skip, s.at), (1, 1, 1, 5, 0));
+        assert_eq!(s.inputs(8), (5..6, 0));
+        // Output 1 reads its window's last position from input position 0.
+        let s = Span::new(8, big, big - 1, 2, 2);
+        assert_eq!((s.first, s.count, s.len, s.skip, s.at), (1, 1, 2, 0, 1));
+        assert_eq!(s.inputs(8), (0..1, 1));
+        assert_eq!(Span::new(8, 100, 1000, 3, 1).count, 0);
+        assert_eq!(Span::new(0, 1, 1, 1, 3).count, 0);
     }
 
     #[test]
