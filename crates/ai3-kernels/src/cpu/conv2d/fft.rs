@@ -2,7 +2,7 @@
 //!
 //! Only the outputs whose windows touch the input need a transform (the
 //! others, reading padding alone, are the bias), and they read only part of
-//! the padded plane: a [`Span`] per dimension. That part of each zero-padded
+//! the padded plane: a `Span` per dimension. That part of each zero-padded
 //! input plane is placed in an `fft_h x fft_w` buffer (`fft_h >= span.len`
 //! per dimension, both 2^a 3^b 5^c so the FFTs are fast), so the circular
 //! correlation the FFT computes equals the linear one at every position an
