@@ -28,7 +28,7 @@ use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
 use rustfft::num_complex::Complex;
 use rustfft::{Fft, FftPlanner};
 
-use super::{SharedMut, WORKSPACE_ELEMENTS};
+use super::{valid_range, SharedMut, WORKSPACE_ELEMENTS};
 use crate::alloc::{
     check_len, checked_product, try_vec_with_capacity, try_zeroed_vec, KernelError, KernelResult,
 };
@@ -92,16 +92,13 @@ impl Span {
     /// `out` windows of `eff` positions every `stride`.
     fn new(n: usize, before: usize, stride: usize, eff: usize, out: usize) -> Self {
         // Output x reads [x * stride, x * stride + eff); the input lies in
-        // [before, before + n). Sizes were checked to fit (the padded size
-        // is a usize), so none of this overflows: first * stride <=
-        // last * stride < before + n.
-        let first = if before >= eff {
-            (before - eff) / stride + 1
-        } else {
-            0
-        };
-        let last = ((before + n).saturating_sub(1) / stride).min(out.saturating_sub(1));
-        if n == 0 || out == 0 || first > last {
+        // [before, before + n). The first output touching it is the first
+        // whose last tap lands in it, the last the last whose first tap
+        // does. Sizes were checked to fit (the padded size is a usize), so
+        // nothing overflows: first < end gives first * stride < before + n.
+        let (first, _) = valid_range(out, n, stride, eff - 1, before);
+        let (_, end) = valid_range(out, n, stride, 0, before);
+        if n == 0 || first >= end {
             return Self {
                 first: 0,
                 count: 0,
@@ -111,7 +108,7 @@ impl Span {
                 stride,
             };
         }
-        let count = last - first + 1;
+        let count = end - first;
         let begin = first * stride;
         Self {
             first,
