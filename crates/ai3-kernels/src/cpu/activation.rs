@@ -1,13 +1,11 @@
 //! Elementwise activations: one parallel map, and the scalar formulas
 //! ([`scalar`]) written exactly as PyTorch's CPU kernels compute them.
 
-use rayon::prelude::*;
-
 use crate::alloc::{check_len, KernelResult};
 use crate::isa::multiversion;
 use crate::Float;
 
-use super::par::{CHUNK, PARALLEL_MIN};
+use super::par::{for_each_chunk, CHUNK, PARALLEL_MIN};
 
 /// The activation functions on one element, with PyTorch's formulas and NaN
 /// behaviour (NaN in, NaN out).
@@ -128,10 +126,9 @@ pub fn map<T: Float, F: Fn(T) -> T + Sync>(
     check_len("elementwise output", output.len(), input.len())?;
     // SAFETY (both calls): plain Rust on slices, compiled for the ISA level in use.
     if input.len() >= PARALLEL_MIN {
-        output
-            .par_chunks_mut(CHUNK)
-            .zip(input.par_chunks(CHUNK))
-            .for_each(|(o, i)| unsafe { map_slice(i, o, &f) });
+        for_each_chunk(output, CHUNK, &|t, o| unsafe {
+            map_slice(&input[t * CHUNK..][..o.len()], o, &f)
+        });
     } else {
         unsafe { map_slice(input, output, &f) };
     }
@@ -142,8 +139,7 @@ pub fn map<T: Float, F: Fn(T) -> T + Sync>(
 pub fn map_inplace<T: Float, F: Fn(T) -> T + Sync>(data: &mut [T], f: F) {
     // SAFETY (both calls): plain Rust on slices, compiled for the ISA level in use.
     if data.len() >= PARALLEL_MIN {
-        data.par_chunks_mut(CHUNK)
-            .for_each(|c| unsafe { map_slice_inplace(c, &f) });
+        for_each_chunk(data, CHUNK, &|_, c| unsafe { map_slice_inplace(c, &f) });
     } else {
         unsafe { map_slice_inplace(data, &f) };
     }
@@ -223,8 +219,7 @@ impl Vectorised {
 /// EfficientNet's SiLU about 3), else [`scalar`]'s per element.
 pub fn vectorised_f32_inplace(data: &mut [f32], act: Vectorised) {
     if data.len() >= PARALLEL_MIN {
-        data.par_chunks_mut(CHUNK)
-            .for_each(|c| vectorised_f32_serial(c, act));
+        for_each_chunk(data, CHUNK, &|_, c| vectorised_f32_serial(c, act));
     } else {
         vectorised_f32_serial(data, act);
     }

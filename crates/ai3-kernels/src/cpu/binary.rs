@@ -7,10 +7,8 @@
 //! elements against one scalar each, and the inner loop never does index
 //! arithmetic.
 
-use rayon::prelude::*;
-
 use super::activation::map;
-use super::par::{for_each_row, CHUNK, PARALLEL_MIN};
+use super::par::{for_each_chunk, for_each_row, CHUNK, PARALLEL_MIN};
 use crate::alloc::{check_len, checked_product, KernelError, KernelResult};
 use crate::isa::multiversion;
 use crate::params::broadcast_shape;
@@ -27,11 +25,11 @@ pub fn same_shape<T: Float, F: Fn(T, T) -> T + Sync>(
     check_len("binary operand", a.len(), output.len())?;
     check_len("binary operand", b.len(), output.len())?;
     if output.len() >= PARALLEL_MIN {
-        output
-            .par_chunks_mut(CHUNK)
-            .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+        for_each_chunk(output, CHUNK, &|t, o| {
+            let (a, b) = (&a[t * CHUNK..][..o.len()], &b[t * CHUNK..][..o.len()]);
             // SAFETY: plain Rust on slices, compiled for the ISA level in use.
-            .for_each(|(o, (a, b))| unsafe { row(a, 1, b, 1, o, &f) });
+            unsafe { row(a, 1, b, 1, o, &f) }
+        });
     } else {
         // SAFETY: as above.
         unsafe { row(a, 1, b, 1, output, &f) };

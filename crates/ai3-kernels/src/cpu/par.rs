@@ -9,6 +9,11 @@ pub(crate) const CHUNK: usize = 1 << 14;
 
 /// Calls `f(r, row)` for every `inner`-long row `r` of `output`, in parallel
 /// (rows grouped into tasks of about [`CHUNK`] elements) when `output` is large.
+///
+/// Only the loop over a task's rows is generic over `f`; the tasks reach rayon
+/// through [`for_each_chunk`], so rayon's machinery is compiled once per element
+/// type rather than once per caller's closure (it was most of the graph core's
+/// compile time).
 pub(crate) fn for_each_row<T: Send, F: Fn(usize, &mut [T]) + Sync>(
     output: &mut [T],
     inner: usize,
@@ -17,21 +22,34 @@ pub(crate) fn for_each_row<T: Send, F: Fn(usize, &mut [T]) + Sync>(
     if inner == 0 {
         return;
     }
+    let rows_per_task = (CHUNK / inner).max(1);
+    let task = |t: usize, block: &mut [T]| {
+        for (i, row) in block.chunks_mut(inner).enumerate() {
+            f(t * rows_per_task + i, row);
+        }
+    };
     if output.len() >= PARALLEL_MIN {
-        let rows_per_task = (CHUNK / inner).max(1);
-        output
-            .par_chunks_mut(rows_per_task * inner)
-            .enumerate()
-            .for_each(|(t, block)| {
-                for (i, row) in block.chunks_mut(inner).enumerate() {
-                    f(t * rows_per_task + i, row);
-                }
-            });
+        for_each_chunk(output, rows_per_task * inner, &task);
     } else {
         for (r, row) in output.chunks_mut(inner).enumerate() {
             f(r, row);
         }
     }
+}
+
+/// Calls `f(t, chunk)` for every `len`-long chunk `t` of `output` (the last may
+/// be shorter), in parallel. `f` is a trait object so that rayon is
+/// instantiated once per element type; a task should be large enough that one
+/// indirect call per chunk does not matter.
+pub(crate) fn for_each_chunk<T: Send>(
+    output: &mut [T],
+    len: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    output
+        .par_chunks_mut(len)
+        .enumerate()
+        .for_each(|(t, chunk)| f(t, chunk));
 }
 
 #[cfg(test)]
