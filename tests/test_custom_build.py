@@ -1,8 +1,9 @@
 """Builds ai3 from source with user C++ (``AI3_CUSTOM_DIR``) and checks the result
 in a fresh virtual environment that has torch but no Rust toolchain on its PATH.
 
-The build tests run ``maturin build --release``, so they take minutes; they share one
-cargo target directory so only ai3's own crates are recompiled between builds.
+The build tests run ``maturin build --release`` (the manylinux one the lighter
+``wheel-check`` profile), so they take minutes; they share one cargo target directory
+so only ai3's own crates are recompiled between builds.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ needs_cargo = pytest.mark.skipif(
 )
 
 
-def build_wheel(out: Path, custom_dir: Path | None, *extra: str) -> subprocess.CompletedProcess:
-    """``maturin build --release`` into ``out``; output captured, never raises on failure."""
+def build_wheel(
+    out: Path, custom_dir: Path | None, *extra: str, profile: str = "release"
+) -> subprocess.CompletedProcess:
+    """``maturin build --profile <profile>`` into ``out``; output captured, never raises
+    on failure."""
     env = dict(os.environ, CARGO_TARGET_DIR=str(REPO / "target"))
     env.pop("AI3_CUSTOM_DIR", None)
     if custom_dir is not None:
         env["AI3_CUSTOM_DIR"] = str(custom_dir)
-    cmd = [sys.executable, "-m", "maturin", "build", "--release", "-o", str(out)]
+    cmd = [sys.executable, "-m", "maturin", "build", "--profile", profile, "-o", str(out)]
     cmd += ["-i", sys.executable, *extra]
     return subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600, check=False
@@ -346,7 +350,17 @@ def test_manylinux_wheel_installs_and_runs_without_rust(tmp_path):
     pytest.importorskip("ziglang", reason="the manylinux2014 build needs ziglang (test extra)")
     # maturin runs zig as `<python> -m ziglang`: point it at the Python that has it.
     os.environ.setdefault("CARGO_ZIGBUILD_PYTHON_PATH", sys.executable)
-    built = build_wheel(tmp_path / "dist", None, "--zig", "--compatibility", "manylinux2014")
+    # Built for an explicit target, so nothing of the release build pip made is reused:
+    # the lighter `wheel-check` profile (Cargo.toml) compiles everything faster, and the
+    # packaging this checks does not depend on the optimisation level.
+    built = build_wheel(
+        tmp_path / "dist",
+        None,
+        "--zig",
+        "--compatibility",
+        "manylinux2014",
+        profile="wheel-check",
+    )
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-8000:]
     wheel = only_wheel(tmp_path / "dist")
     # One abi3 wheel for every CPython >= 3.10, passing maturin's manylinux_2_17 check.
