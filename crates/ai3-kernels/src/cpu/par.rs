@@ -38,7 +38,7 @@ pub(crate) fn for_each_row<T: Send, F: Fn(usize, &mut [T]) + Sync>(
 }
 
 /// Calls `f(t, chunk)` for every `len`-long chunk `t` of `output` (the last may
-/// be shorter), in parallel. `f` is a trait object so that rayon is
+/// be shorter; `len` must not be 0), in parallel. `f` is a trait object so that rayon is
 /// instantiated once per element type; a task should be large enough that one
 /// indirect call per chunk does not matter.
 pub(crate) fn for_each_chunk<T: Send>(
@@ -63,6 +63,21 @@ mod tests {
             for_each_row(&mut out, inner, |r, row| row.fill(r));
             for (r, row) in out.chunks(inner).enumerate() {
                 assert!(row.iter().all(|&v| v == r));
+            }
+        }
+    }
+
+    #[test]
+    fn every_chunk_is_visited_once_with_its_index_and_length() {
+        for (len, chunk) in [(10, 3), (9, 3), (1, 5), (CHUNK * 3 + 7, CHUNK)] {
+            let mut out = vec![(usize::MAX, 0); len];
+            for_each_chunk(&mut out, chunk, &|t, c| {
+                let n = c.len();
+                c.iter_mut().for_each(|v| *v = (t, n));
+            });
+            for (i, &(t, n)) in out.iter().enumerate() {
+                assert_eq!(t, i / chunk);
+                assert_eq!(n, chunk.min(len - t * chunk));
             }
         }
     }
