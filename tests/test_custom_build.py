@@ -1,9 +1,10 @@
 """Builds ai3 from source with user C++ (``AI3_CUSTOM_DIR``) and checks the result
 in a fresh virtual environment that has torch but no Rust toolchain on its PATH.
 
-The build tests run ``maturin build --release`` (the manylinux one the lighter
-``wheel-check`` profile), so they take minutes; they share one cargo target directory
-so only ai3's own crates are recompiled between builds.
+The build tests run ``maturin build --release`` in the repository's cargo target
+directory, so they take minutes but reuse the dependencies pip's build compiled there;
+the manylinux one builds for an explicit target (nothing to reuse) with the lighter
+``wheel-check`` profile.
 """
 
 from __future__ import annotations

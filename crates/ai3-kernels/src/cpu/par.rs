@@ -31,9 +31,7 @@ pub(crate) fn for_each_row<T: Send, F: Fn(usize, &mut [T]) + Sync>(
     if output.len() >= PARALLEL_MIN {
         for_each_chunk(output, rows_per_task * inner, &task);
     } else {
-        for (r, row) in output.chunks_mut(inner).enumerate() {
-            f(r, row);
-        }
+        task(0, output);
     }
 }
 
