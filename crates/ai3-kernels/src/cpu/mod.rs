@@ -14,7 +14,7 @@ pub mod linear;
 mod matmul;
 pub mod norm;
 pub mod pad;
-pub(crate) mod par;
+pub mod par;
 pub mod pool;
 pub mod reduce;
 pub(crate) mod scratch;

@@ -1,6 +1,37 @@
 //! How elementwise-style kernels split work across threads.
 
+use std::cell::Cell;
+
 use rayon::prelude::*;
+
+thread_local! {
+    /// Whether the pool's other workers are awake on this thread's behalf
+    /// ([`with_workers_awake`]).
+    static AWAKE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the kernels it calls on this thread told that the pool's
+/// other workers stay awake, waiting for work, all the while (as a graph
+/// run keeps them between its nodes): handing them part of a layer then
+/// costs a few microseconds rather than the tens of waking a sleeping
+/// thread, so smaller layers are worth sharing (see
+/// [`workers_awake`]). The caller keeps the workers awake; this only says so.
+pub fn with_workers_awake<R>(f: impl FnOnce() -> R) -> R {
+    /// Restores the flag however `f` ends.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            AWAKE.with(|a| a.set(self.0));
+        }
+    }
+    let _restore = Restore(AWAKE.with(|a| a.replace(true)));
+    f()
+}
+
+/// Whether this thread runs inside [`with_workers_awake`].
+pub fn workers_awake() -> bool {
+    AWAKE.with(Cell::get)
+}
 
 /// Below this many elements threading costs more than it saves.
 pub(crate) const PARALLEL_MIN: usize = 1 << 15;
@@ -53,6 +84,34 @@ pub(crate) fn for_each_chunk<T: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_awake_holds_inside_and_is_restored_however_f_ends() {
+        assert!(!workers_awake());
+        assert!(with_workers_awake(
+            || with_workers_awake(workers_awake) && workers_awake()
+        ));
+        assert!(!workers_awake());
+        let panicked = std::panic::catch_unwind(|| with_workers_awake(|| panic!("in f")));
+        assert!(panicked.is_err());
+        assert!(!workers_awake());
+        // Only the calling thread is told.
+        with_workers_awake(|| {
+            assert!(!std::thread::spawn(workers_awake).join().expect("joined"));
+        });
+    }
+
+    #[test]
+    fn awake_workers_share_smaller_convolutions() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("pool");
+        let macs = 200_000;
+        let shared =
+            pool.install(|| with_workers_awake(|| crate::cpu::conv2d::threads_for_macs(macs)));
+        assert_eq!(shared, 2);
+    }
 
     #[test]
     fn every_row_is_visited_once_with_its_index() {

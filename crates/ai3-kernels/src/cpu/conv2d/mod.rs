@@ -32,6 +32,14 @@ pub(crate) const WORKSPACE_ELEMENTS: usize = 8 << 20;
 /// only: waking another thread costs tens of microseconds, more than such a
 /// convolution takes on one.
 const SERIAL_MACS: usize = 1 << 20;
+/// [`SERIAL_MACS`] where the pool's other workers are awake
+/// ([`crate::cpu::par::workers_awake`], a graph run): handing them work
+/// costs a few microseconds. On Zen 1 (two threads, 60 1x1 convolutions
+/// in a converted model, batch 1), sharing took 0.7x the time per layer of
+/// 64 -> 64 and 32 -> 32 channels at 7x7 and 14x14 (200K-800K
+/// multiply-accumulates; 14 -> 10 us at 200K), where a layer of 50K
+/// stayed as fast on one thread.
+const SERIAL_MACS_AWAKE: usize = 1 << 17;
 
 /// Set by the tests that run kernels on two threads, so that their small
 /// problems still take the parallel paths they are there to check.
@@ -47,7 +55,12 @@ pub(crate) fn threads_for(p: &Conv2dParams) -> usize {
 /// Threads for a convolution whose kernel takes as long as `macs`
 /// multiply-accumulates of the register-tiled ones (see [`SERIAL_MACS`]).
 pub(crate) fn threads_for_macs(macs: usize) -> usize {
-    let small = macs < SERIAL_MACS;
+    let serial = if crate::cpu::par::workers_awake() {
+        SERIAL_MACS_AWAKE
+    } else {
+        SERIAL_MACS
+    };
+    let small = macs < serial;
     #[cfg(test)]
     let small = small && !SHARE_SMALL.load(std::sync::atomic::Ordering::Relaxed);
     if small {
