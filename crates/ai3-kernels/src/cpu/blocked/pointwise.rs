@@ -326,7 +326,7 @@ fn run(
     if input_fits {
         runs = runs.max(tiles.div_ceil(sweep_tiles));
     }
-    while (s.batch * groups * runs) % threads != 0 && runs < tiles {
+    while !(s.batch * groups * runs).is_multiple_of(threads) && runs < tiles {
         runs += 1;
     }
     let runs = runs.clamp(1, tiles);
