@@ -602,6 +602,11 @@ mod tests {
             (1, 512, 16, 196),
             (2, 1000, 40, 49),
             (1, 968, 24, 14),
+            // Groups of output blocks and runs of pixels that do not
+            // divide evenly: four groups of 5 blocks (tiles of 2 and 3),
+            // and 131 tiles of pixels in ten runs.
+            (1, 960, 160, 49),
+            (1, 32, 192, 784),
         ]
         .map(plain);
         // Strided: ResNet's downsampling (even and odd planes), unequal
