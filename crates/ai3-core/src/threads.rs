@@ -162,7 +162,7 @@ pub fn with_workers_awake<R: Send>(f: impl FnOnce() -> R + Send) -> R {
             });
         }
         let _done = Done(done);
-        ai3_kernels::cpu::par::with_workers_awake(f)
+        ai3_kernels::cpu::par::assume_workers_awake(f)
     })
 }
 

@@ -1,4 +1,6 @@
-//! How elementwise-style kernels split work across threads.
+//! How kernels split work across threads: the elementwise kernels' chunks
+//! and rows, and whether the pool's workers are known to be awake
+//! ([`assume_workers_awake`]), which lowers the size worth sharing.
 
 use std::cell::Cell;
 
@@ -6,7 +8,7 @@ use rayon::prelude::*;
 
 thread_local! {
     /// Whether the pool's other workers are awake on this thread's behalf
-    /// ([`with_workers_awake`]).
+    /// ([`assume_workers_awake`]).
     static AWAKE: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -16,7 +18,7 @@ thread_local! {
 /// costs a few microseconds rather than the tens of waking a sleeping
 /// thread, so smaller layers are worth sharing (see
 /// [`workers_awake`]). The caller keeps the workers awake; this only says so.
-pub fn with_workers_awake<R>(f: impl FnOnce() -> R) -> R {
+pub fn assume_workers_awake<R>(f: impl FnOnce() -> R) -> R {
     /// Restores the flag however `f` ends.
     struct Restore(bool);
     impl Drop for Restore {
@@ -28,7 +30,7 @@ pub fn with_workers_awake<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Whether this thread runs inside [`with_workers_awake`].
+/// Whether this thread runs inside [`assume_workers_awake`].
 pub fn workers_awake() -> bool {
     AWAKE.with(Cell::get)
 }
@@ -86,17 +88,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn workers_awake_holds_inside_and_is_restored_however_f_ends() {
+    fn assumed_awake_holds_inside_and_is_restored_however_f_ends() {
         assert!(!workers_awake());
-        assert!(with_workers_awake(
-            || with_workers_awake(workers_awake) && workers_awake()
+        assert!(assume_workers_awake(
+            || assume_workers_awake(workers_awake) && workers_awake()
         ));
         assert!(!workers_awake());
-        let panicked = std::panic::catch_unwind(|| with_workers_awake(|| panic!("in f")));
+        let panicked = std::panic::catch_unwind(|| assume_workers_awake(|| panic!("in f")));
         assert!(panicked.is_err());
         assert!(!workers_awake());
         // Only the calling thread is told.
-        with_workers_awake(|| {
+        assume_workers_awake(|| {
             assert!(!std::thread::spawn(workers_awake).join().expect("joined"));
         });
     }
@@ -109,7 +111,7 @@ mod tests {
             .expect("pool");
         let macs = 200_000;
         let shared =
-            pool.install(|| with_workers_awake(|| crate::cpu::conv2d::threads_for_macs(macs)));
+            pool.install(|| assume_workers_awake(|| crate::cpu::conv2d::threads_for_macs(macs)));
         assert_eq!(shared, 2);
     }
 
