@@ -281,12 +281,13 @@ unsafe fn apply_avx2(data: &mut [f32], act: Vectorised) {
 /// scheduler holding too few of the next vector's operations to fill them.
 /// Measured there (one thread, in L1, ns an element against one vector at
 /// a time): exact GELU 1.80 -> 1.30 by two, 1.15 by three, 1.16 by four;
-/// SiLU 0.95 -> 0.91 by two, 0.95-0.98 by three or four (its division
-/// bounds it); tanh-GELU 1.25 -> 1.16 by two.
+/// SiLU 0.95 -> 0.91 by two, 0.95-0.98 by three or four; tanh-GELU 1.25
+/// -> 1.16 by two, then (with [`one_plus_exp_neg8`]'s table) 0.92x that by
+/// three.
 #[cfg(target_arch = "x86_64")]
 fn side_by_side(act: Vectorised) -> usize {
     match act {
-        Vectorised::Gelu { tanh: false } => 3,
+        Vectorised::Gelu { .. } => 3,
         _ => 2,
     }
 }
@@ -341,18 +342,6 @@ fn each<const N: usize>(
     std::array::from_fn(f)
 }
 
-/// `2^f` for `f` in `[-1/2, 1/2]`: a degree-5 polynomial (highest degree
-/// first) fitted on Chebyshev nodes, relative error under 2e-7.
-#[cfg(target_arch = "x86_64")]
-const EXP2_POLY: [f32; 6] = [
-    1.340_044_2e-3,
-    9.676_047e-3,
-    5.550_327e-2,
-    2.402_210_7e-1,
-    6.931_472e-1,
-    1.000_000_1,
-];
-
 /// `v num(v^2) / den(v^2)` on 8 lanes for `v` clamped to `[-limit,
 /// limit]` (NaN stays NaN): the odd rational form of `erf` ([`act8`]), the
 /// polynomials' coefficients highest degree first.
@@ -385,20 +374,24 @@ unsafe fn odd_rational8<const N: usize>(
     }
 }
 
-/// The logistic's denominator `1 + exp(-v)` on 8 lanes, as `1 + 2^t` with
-/// `t = -v log2(e)` clamped to `[-126, 128]`: `2^t = 2^n 2^f` with `n`
-/// the nearest integer, `2^f` by [`EXP2_POLY`] and `2^n` built in the
-/// exponent bits, where `n = 128` gives infinity. So `v` below about
-/// -88.7 (`-inf` among them) has an infinite denominator, the logistic 0
-/// and `x / (1 + exp(-x))` NaN at `x = -inf`, as PyTorch's; NaN stays NaN.
-/// Within 5e-7 of f64's SiLU (relative) over `[-8, 8]`: the rounding of
-/// `t` grows with `|v|`.
+/// The logistic's denominator `1 + exp(-v)` on `N` vectors of 8 lanes, as
+/// `1 + 2^(t/8)` with `t = -8 v log2(e)` clamped to `[-1008, 1024]`:
+/// `2^(t/8) = 2^e 2^(j/8) 2^(f/8)` with `k = e 8 + j` the nearest integer
+/// to `t` (`j` its low 3 bits), `2^(j/8)` from [`EXP2_EIGHTHS`] (a
+/// permute), `2^(f/8)` by [`EXP2_8_POLY`] (degree 3) and `2^e` added to
+/// the exponent bits, where `k = 1024` (`e = 128`, `j = 0`) gives
+/// infinity. So `v` below about -88.7 (`-inf` among them) has an infinite
+/// denominator, the logistic 0 and `x / (1 + exp(-x))` NaN at `x = -inf`,
+/// as PyTorch's; NaN stays NaN. Within 6.1e-7 of f64's SiLU and sigmoid
+/// (relative) over `[-8, 8]`, 4e-6 down to -87: the rounding of `t` grows
+/// with `|v|`.
 ///
-/// No division or screening but the caller's one division: SiLU took 0.72x
-/// the time of the rational logistic it replaced (Eigen's, whose division
-/// and 11 FMAs on a long dependency chain left Zen 1's FMA pipes half
-/// idle; one thread, in L1), which in turn handed arguments below -9 to a
-/// slower `exp`.
+/// No division or screening but the caller's one division. The table
+/// spares two of a degree-5 polynomial's FMAs on `2^f` over `[-1/2,
+/// 1/2]`: SiLU and sigmoid 0.91x the time, tanh-GELU 0.95x (one thread, in
+/// L1, Zen 1). That form in turn took SiLU to 0.72x the time of Eigen's
+/// rational logistic (11 FMAs and a division on one dependency chain),
+/// which handed arguments below -9 to a slower `exp`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn one_plus_exp_neg8<const N: usize>(
@@ -407,26 +400,47 @@ unsafe fn one_plus_exp_neg8<const N: usize>(
     use std::arch::x86_64::*;
     // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
     unsafe {
-        let m = _mm256_set1_ps(-std::f32::consts::LOG2_E);
-        let (lo, hi) = (_mm256_set1_ps(-126.0), _mm256_set1_ps(128.0));
+        let m = _mm256_set1_ps(-8.0 * std::f32::consts::LOG2_E);
+        let (lo, hi) = (_mm256_set1_ps(-1008.0), _mm256_set1_ps(1024.0));
         // min/max return their second operand where one is NaN: t goes second.
         let t = each::<N>(|i| _mm256_max_ps(lo, _mm256_min_ps(hi, _mm256_mul_ps(v[i], m))));
         let n = each::<N>(|i| {
             _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t[i])
         });
         let f = each::<N>(|i| _mm256_sub_ps(t[i], n[i]));
-        let mut p = [_mm256_set1_ps(EXP2_POLY[0]); N];
-        for c in &EXP2_POLY[1..] {
+        let mut p = [_mm256_set1_ps(EXP2_8_POLY[0]); N];
+        for c in &EXP2_8_POLY[1..] {
             p = each::<N>(|i| _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(*c)));
         }
-        // n in [-126, 128]: the biased exponent 1..=255 (255: infinity).
-        each::<N>(|i| {
-            let bits = _mm256_add_epi32(_mm256_cvtps_epi32(n[i]), _mm256_set1_epi32(127));
-            let scale = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(bits));
-            _mm256_fmadd_ps(p[i], scale, _mm256_set1_ps(1.0))
-        })
+        let table = _mm256_loadu_ps(EXP2_EIGHTHS.as_ptr());
+        let k: [__m256i; N] = std::array::from_fn(|i| _mm256_cvtps_epi32(n[i]));
+        let frac = each::<N>(|i| _mm256_permutevar8x32_ps(table, k[i]));
+        let e: [__m256i; N] =
+            std::array::from_fn(|i| _mm256_slli_epi32::<23>(_mm256_srai_epi32::<3>(k[i])));
+        let scale = each::<N>(|i| {
+            _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(frac[i]), e[i]))
+        });
+        let one = _mm256_set1_ps(1.0);
+        each::<N>(|i| _mm256_fmadd_ps(p[i], scale[i], one))
     }
 }
+
+/// `2^(j/8)` for `j` in `0..8`.
+#[cfg(target_arch = "x86_64")]
+const EXP2_EIGHTHS: [f32; 8] = [
+    1.0,
+    1.090_507_7,
+    1.189_207_1,
+    1.296_839_6,
+    std::f32::consts::SQRT_2,
+    1.542_210_8,
+    1.681_792_9,
+    1.834_008,
+];
+
+/// `2^(f/8)` for `f` in `[-1/2, 1/2]`, degree 3, highest first.
+#[cfg(target_arch = "x86_64")]
+const EXP2_8_POLY: [f32; 4] = [1.083_937_5e-4, 3.754_126e-3, 8.664_340_5e-2, 1.0];
 
 /// An activation of the form `factor(x) * sigmoid(v(x))` on 8 lanes: SiLU
 /// (`x * sigmoid(x)`), sigmoid (`1 * sigmoid(x)`) and tanh-GELU (`x *
