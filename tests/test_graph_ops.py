@@ -533,3 +533,100 @@ def test_residual_fused_convolution_under_auto():
     assert_close(model(x), expected, torch.float32)
     rows = model.summary((2, 4, 6, 5))
     assert [r["fused"] for r in rows if r["op"] == "conv2d"].count("add+relu") == 1, rows
+
+
+class ScaledLayer(nn.Module):
+    """``gamma * layer(x)`` with ``gamma`` a parameter, ConvNeXt's layer scale:
+    ``kind`` picks the layer (a linear over channels-last pixels, permuted back
+    to NCHW as ConvNeXt does, a linear without the permute, a convolution, a
+    depthwise one) and ``gamma``'s shape; ``mode`` breaks the fold: the
+    layer's output read again, an activation between, a scale along another
+    dimension, a scale that broadcasts the layer's output up."""
+
+    def __init__(self, kind: str, gamma_shape: tuple[int, ...], mode: str = "", bias: bool = True):
+        super().__init__()
+        c = 6
+        self.kind, self.mode = kind, mode
+        if kind.startswith("linear"):
+            self.layer = nn.Linear(c, c, bias=bias)
+        else:
+            groups = c if kind == "depthwise" else 1
+            out = 1 if mode == "broadcast_up" else c
+            self.layer = nn.Conv2d(c, out, 3, padding=1, groups=groups, bias=bias)
+        self.gamma = nn.Parameter(torch.rand(gamma_shape) + 0.5)
+
+    def forward(self, x):
+        if self.kind == "linear_permuted":
+            y = self.layer(x.permute(0, 2, 3, 1))
+            if self.mode == "activation":
+                y = F.gelu(y)
+            z = y.permute(0, 3, 1, 2)
+        elif self.kind == "linear":
+            z = self.layer(x)
+        else:
+            z = self.layer(x)
+        if self.mode == "activation" and self.kind != "linear_permuted":
+            z = F.gelu(z)
+        out = self.gamma * z + x if self.mode != "swapped" else z * self.gamma + x
+        return out + z if self.mode == "shared" else out
+
+
+LAYER_SCALES = {
+    "convnext": ("linear_permuted", (6, 1, 1)),
+    "linear-last-dim": ("linear", (6,)),
+    "conv": ("conv", (6, 1, 1)),
+    "depthwise": ("depthwise", (1, 6, 1, 1)),
+    "scalar": ("conv", (1,)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("mode", ["", "swapped"], ids=["gamma-first", "gamma-second"])
+@pytest.mark.parametrize("case", LAYER_SCALES, ids=list(LAYER_SCALES))
+def test_layer_scale_folded_into_the_layer(case, mode, bias, dtype):
+    kind, shape = LAYER_SCALES[case]
+    net = ScaledLayer(kind, shape, mode, bias).to(dtype).eval()
+    x = torch.randn(2, 6, 5, 4, dtype=dtype)
+    if kind == "linear":
+        x = torch.randn(2, 5, 4, 6, dtype=dtype)
+    with torch.no_grad():
+        expected = net(x)
+    model = ai3.convert(net, dtype=dtype, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), expected, dtype)
+    ops = [r["op"] for r in model.summary(tuple(x.shape))]
+    assert "mul" not in ops, ops
+
+
+@pytest.mark.parametrize(
+    "kind, shape, mode",
+    [
+        ("linear_permuted", (6, 1, 1), "shared"),
+        ("linear_permuted", (6, 1, 1), "activation"),
+        ("conv", (6, 1, 1), "activation"),
+        # Along the rows of a channels-last linear's output, not its features.
+        ("linear_permuted", (1, 5, 1), ""),
+        ("conv", (1, 1, 4), ""),
+        # The scale broadcasts the layer's one output channel up to six.
+        ("conv", (6, 1, 1), "broadcast_up"),
+    ],
+    ids=["shared", "linear-activation", "conv-activation", "rows", "columns", "broadcast-up"],
+)
+def test_layer_scale_not_folded_where_it_would_change_the_result(kind, shape, mode):
+    net = ScaledLayer(kind, shape, mode).eval()
+    x = torch.randn(2, 6, 5, 4)
+    with torch.no_grad():
+        expected = net(x)
+    model = ai3.convert(net, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), expected, torch.float32)
+    assert "mul" in [r["op"] for r in model.summary(tuple(x.shape))]
+
+
+def test_layer_scale_not_folded_without_known_shapes():
+    """Without a sample shape nothing proves the scale leaves the layer's output's shape."""
+    net = ScaledLayer("conv", (6, 1, 1)).eval()
+    x = torch.randn(2, 6, 5, 4)
+    model = ai3.convert(net)
+    with torch.no_grad():
+        assert_close(model(x), net(x), torch.float32)
+    assert "mul" in [r["op"] for r in model.summary(tuple(x.shape))]

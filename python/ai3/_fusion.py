@@ -1,7 +1,8 @@
 """Convert-time rewrites: BatchNorm folded into the convolution before it,
-a residual ``conv(x) + y`` (ResNet's skip) added by the convolution as it
-writes its output, activations fused into the convolution, linear,
-(unfolded) batch norm or
+a constant per-feature scale (ConvNeXt's layer scale) folded into the
+linear or convolution layer whose output it scales, a residual ``conv(x) +
+y`` (ResNet's skip) added by the convolution as it writes its output,
+activations fused into the convolution, linear, (unfolded) batch norm or
 elementwise arithmetic node that feeds them, and attention written out as
 ``softmax(q @ kᵀ * scale + mask) @ v`` made one ``attention`` node
 (:func:`fuse_attention`, before algorithms are selected, so that selectors
@@ -192,6 +193,90 @@ def _fold(conv: Step, bn: Step) -> None:
         conv.params["bias"] = b.to(weight.dtype)
 
 
+def _permuted_dim(s: Step, d: int, rank: int) -> int:
+    """The input dimension a ``permute`` step puts at its output dimension ``d``."""
+    p = s.params
+    if "dims" in p:
+        return list(p["dims"])[d] % rank
+    if "dim0" in p:
+        d0, d1 = p["dim0"] % rank, p["dim1"] % rank
+        return d1 if d == d0 else d0 if d == d1 else d
+    return rank - 1 - d  # no dims: all of them reversed
+
+
+def _layer_scale(
+    lw: Lowerer, steps: list[Step], mul: Step
+) -> tuple[Step, torch.Tensor, torch.fx.Node] | None:
+    """For ``mul`` = ``gamma * y`` (either order) with ``gamma`` a constant of
+    the network and ``y`` a linear or convolution's output, directly or
+    through one ``permute``, each read by nothing else, where ``gamma``
+    scales the layer's output features (the last dimension of a linear's
+    output, the channels of a convolution's; or every element alike) and
+    leaves ``y``'s shape as it is (ConvNeXt's layer scale): that layer and
+    ``gamma`` as one factor per output feature, and ``y``."""
+    if len(mul.inputs) != 2 or mul.params:
+        return None
+    readers = _readers(lw, steps)
+    for k in (0, 1):
+        const, y = lw.canonical(mul.inputs[k]), lw.canonical(mul.inputs[1 - k])
+        if const.op != "get_attr" or y is const:
+            continue
+        gamma = lw.fetch(const.target)
+        shape = _shape(y)
+        if (
+            not isinstance(gamma, torch.Tensor)
+            or not gamma.is_floating_point()
+            or shape is None
+            or _shape(mul.node) != shape
+            or gamma.dim() > len(shape)
+            or readers[y] != 1
+        ):
+            continue
+        rank = len(shape)
+        g_shape = [1] * (rank - gamma.dim()) + list(gamma.shape)
+        varying = [d for d in range(rank) if g_shape[d] != 1]
+        prod = next((p for p in steps if p.node is y), None)
+        through = None
+        if prod is not None and prod.op == "permute" and len(prod.inputs) == 1:
+            src = lw.canonical(prod.inputs[0])
+            through, prod = prod, next((p for p in steps if p.node is src), None)
+            if readers[src] != 1:
+                continue
+        if (
+            prod is None
+            or prod.op not in ("linear", "conv2d")
+            or len(prod.inputs) != 1
+            or "activation" in prod.params
+            or not all(isinstance(w, torch.Tensor) or w is None for w in _weights(prod))
+        ):
+            continue
+        feature = rank - 1 if prod.op == "linear" else 1
+        if prod.op == "conv2d" and rank != 4:
+            continue
+        if len(varying) > 1:
+            continue
+        if varying:
+            d = varying[0] if through is None else _permuted_dim(through, varying[0], rank)
+            if d != feature:
+                continue
+        out_features = prod.params["weight"].shape[0]
+        if gamma.numel() not in (1, out_features):
+            continue
+        return prod, gamma.detach().reshape(-1).expand(out_features), y
+    return None
+
+
+def _scale(layer: Step, gamma: torch.Tensor) -> None:
+    """Multiplies ``layer``'s output features by ``gamma`` through its weight and bias."""
+    weight, bias = layer.params["weight"], layer.params.get("bias")
+    with torch.no_grad():
+        g = gamma.double()
+        w = weight.detach().double() * g.view(-1, *([1] * (weight.dim() - 1)))
+        layer.params["weight"] = w.to(weight.dtype)
+        if bias is not None:
+            layer.params["bias"] = (bias.detach().double() * g).to(bias.dtype)
+
+
 def _weights(s: Step) -> list[Any]:
     """The step's weight parameters (tensors, ``In`` placeholders or None)."""
     names = ("weight", "bias", "running_mean", "running_var")
@@ -239,6 +324,17 @@ def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
             _fold(conv, bn)
             lw.kind[bn.node] = Alias(conv.node)
             steps.remove(bn)
+    for mul in [s for s in steps if s.op == "mul"]:
+        # A mul that runs the user's C++ stays, as an activation does below.
+        algo = algo_of[id(mul)]
+        if not isinstance(algo, str) or _core.runs_custom("mul", algo):
+            continue
+        scaled = _layer_scale(lw, steps, mul)
+        if scaled is not None:
+            layer, gamma, y = scaled
+            _scale(layer, gamma)
+            lw.kind[mul.node] = Alias(y)
+            steps.remove(mul)
     for add in [s for s in steps if s.op == "add"]:
         found = _residual_conv(lw, steps, add)
         if found is None:
