@@ -189,8 +189,8 @@ def convert(
     uses its running statistics and is folded into the convolution before it,
     a constant per-feature scale of a layer's output (ConvNeXt's layer scale)
     into that layer, and activations are fused into the convolution or linear
-    layer feeding them. Call ``module.eval()`` first: Dropout and BatchNorm in training
-    mode (random, and batch statistics) are unsupported. Operations ai3
+    layer feeding them. Call ``module.eval()`` first: Dropout and BatchNorm in
+    training mode (random, and batch statistics) are unsupported. Operations ai3
     cannot run raise one :class:`ai3.UnsupportedOperationError` listing all
     of them, and so does any argument ai3 does not implement (``dtype=``,
     ``out=``, ``rounding_mode=``, ...): none is ignored.
