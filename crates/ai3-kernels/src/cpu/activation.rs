@@ -340,9 +340,7 @@ unsafe fn apply_avx2_by<const N: usize>(data: &mut [f32], act: Vectorised) {
 /// exponent's bits) as a call, its intrinsics called too: 4.8x the time.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn each<const N: usize>(
-    f: impl FnMut(usize) -> std::arch::x86_64::__m256,
-) -> [std::arch::x86_64::__m256; N] {
+fn each<T, const N: usize>(f: impl FnMut(usize) -> T) -> [T; N] {
     std::array::from_fn(f)
 }
 
@@ -362,19 +360,19 @@ unsafe fn odd_rational8<const N: usize>(
     unsafe {
         // min/max return their second operand where one is NaN: v goes second.
         let (lo, hi) = (_mm256_set1_ps(-limit), _mm256_set1_ps(limit));
-        let v = each::<N>(|i| _mm256_max_ps(lo, _mm256_min_ps(hi, v[i])));
-        let s = each::<N>(|i| _mm256_mul_ps(v[i], v[i]));
+        let v = each::<_, N>(|i| _mm256_max_ps(lo, _mm256_min_ps(hi, v[i])));
+        let s = each::<_, N>(|i| _mm256_mul_ps(v[i], v[i]));
         let mut p = [_mm256_set1_ps(num[0]); N];
         let mut q = [_mm256_set1_ps(den[0]); N];
         for k in 1..num.len().max(den.len()) {
             if let Some(c) = num.get(k) {
-                p = each::<N>(|i| _mm256_fmadd_ps(p[i], s[i], _mm256_set1_ps(*c)));
+                p = each::<_, N>(|i| _mm256_fmadd_ps(p[i], s[i], _mm256_set1_ps(*c)));
             }
             if let Some(c) = den.get(k) {
-                q = each::<N>(|i| _mm256_fmadd_ps(q[i], s[i], _mm256_set1_ps(*c)));
+                q = each::<_, N>(|i| _mm256_fmadd_ps(q[i], s[i], _mm256_set1_ps(*c)));
             }
         }
-        each::<N>(|i| _mm256_div_ps(_mm256_mul_ps(v[i], p[i]), q[i]))
+        each::<_, N>(|i| _mm256_div_ps(_mm256_mul_ps(v[i], p[i]), q[i]))
     }
 }
 
@@ -407,25 +405,24 @@ unsafe fn one_plus_exp_neg8<const N: usize>(
         let m = _mm256_set1_ps(-8.0 * std::f32::consts::LOG2_E);
         let (lo, hi) = (_mm256_set1_ps(-1008.0), _mm256_set1_ps(1024.0));
         // min/max return their second operand where one is NaN: t goes second.
-        let t = each::<N>(|i| _mm256_max_ps(lo, _mm256_min_ps(hi, _mm256_mul_ps(v[i], m))));
-        let n = each::<N>(|i| {
+        let t = each::<_, N>(|i| _mm256_max_ps(lo, _mm256_min_ps(hi, _mm256_mul_ps(v[i], m))));
+        let n = each::<_, N>(|i| {
             _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t[i])
         });
-        let f = each::<N>(|i| _mm256_sub_ps(t[i], n[i]));
+        let f = each::<_, N>(|i| _mm256_sub_ps(t[i], n[i]));
         let mut p = [_mm256_set1_ps(EXP2_8_POLY[0]); N];
         for c in &EXP2_8_POLY[1..] {
-            p = each::<N>(|i| _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(*c)));
+            p = each::<_, N>(|i| _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(*c)));
         }
         let table = _mm256_loadu_ps(EXP2_EIGHTHS.as_ptr());
-        let k: [__m256i; N] = std::array::from_fn(|i| _mm256_cvtps_epi32(n[i]));
-        let frac = each::<N>(|i| _mm256_permutevar8x32_ps(table, k[i]));
-        let e: [__m256i; N] =
-            std::array::from_fn(|i| _mm256_slli_epi32::<23>(_mm256_srai_epi32::<3>(k[i])));
-        let scale = each::<N>(|i| {
+        let k: [__m256i; N] = each(|i| _mm256_cvtps_epi32(n[i]));
+        let frac = each::<_, N>(|i| _mm256_permutevar8x32_ps(table, k[i]));
+        let e: [__m256i; N] = each(|i| _mm256_slli_epi32::<23>(_mm256_srai_epi32::<3>(k[i])));
+        let scale = each::<_, N>(|i| {
             _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(frac[i]), e[i]))
         });
         let one = _mm256_set1_ps(1.0);
-        each::<N>(|i| _mm256_fmadd_ps(p[i], scale[i], one))
+        each::<_, N>(|i| _mm256_fmadd_ps(p[i], scale[i], one))
     }
 }
 
@@ -485,13 +482,13 @@ impl Logistic {
                 Logistic::GeluTanh => {
                     let k2 = _mm256_set1_ps(2.0 * (2.0 / std::f32::consts::PI).sqrt());
                     let c = _mm256_set1_ps(0.044715);
-                    let x3 = each::<N>(|i| _mm256_mul_ps(_mm256_mul_ps(x[i], x[i]), x[i]));
-                    let inner = each::<N>(|i| _mm256_fmadd_ps(c, x3[i], x[i]));
-                    (x, each::<N>(|i| _mm256_mul_ps(k2, inner[i])))
+                    let x3 = each::<_, N>(|i| _mm256_mul_ps(_mm256_mul_ps(x[i], x[i]), x[i]));
+                    let inner = each::<_, N>(|i| _mm256_fmadd_ps(c, x3[i], x[i]));
+                    (x, each::<_, N>(|i| _mm256_mul_ps(k2, inner[i])))
                 }
             };
             let d = one_plus_exp_neg8(v);
-            each::<N>(|i| _mm256_div_ps(factor[i], d[i]))
+            each::<_, N>(|i| _mm256_div_ps(factor[i], d[i]))
         }
     }
 }
@@ -543,11 +540,11 @@ unsafe fn act8<const N: usize>(
             return form.eval8(x);
         }
         let r = _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2);
-        let z = each::<N>(|i| _mm256_mul_ps(x[i], r));
+        let z = each::<_, N>(|i| _mm256_mul_ps(x[i], r));
         // At the clamp this is exactly 1 or -1 (f32 with FMA), as erf(z) rounds.
         let erf = odd_rational8(z, 4.0, &ERF_NUM, &ERF_DEN);
         let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
-        each::<N>(|i| _mm256_mul_ps(_mm256_mul_ps(x[i], half), _mm256_add_ps(one, erf[i])))
+        each::<_, N>(|i| _mm256_mul_ps(_mm256_mul_ps(x[i], half), _mm256_add_ps(one, erf[i])))
     }
 }
 
