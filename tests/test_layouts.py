@@ -639,6 +639,8 @@ CHANNELS_LAST = {
     "patches4x4_f64": (_conv(16, 8, 4, torch.float64, stride=4), (18, 17), True),
     # 'default' picks 'direct' for these in NCHW; channels last, the patches.
     "patches2x2_default_direct": (_conv(32, 64, 2, stride=2), (16, 16), True),
+    # Deeper than the packed linear kernel's reduction block, without a bias.
+    "patches2x2_deep_no_bias": (_conv(96, 40, 2, stride=2, bias=False), (14, 13), True),
     "pointwise": (_conv(8, 12, 1), (9, 11), True),
     "overlapping3x3": (_conv(8, 12, 3, padding=1), (9, 11), False),
     "reflect": (_conv(8, 8, 3, padding=1, groups=8, padding_mode="reflect"), (9, 11), False),

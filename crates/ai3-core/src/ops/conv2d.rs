@@ -8,6 +8,7 @@ use ai3_kernels::alloc::checked_sum;
 use ai3_kernels::cpu::blocked::pointwise::{self, Pointwise, Subsample};
 use ai3_kernels::cpu::blocked::Fused;
 use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, smm, tiled, winograd, Epilogue};
+use ai3_kernels::cpu::linear::{self, packed::PackedWeight};
 use ai3_kernels::cpu::pad::pad2d;
 pub use ai3_kernels::cpu::pad::PadMode;
 use ai3_kernels::custom;
@@ -49,6 +50,9 @@ pub struct Conv2d {
     pointwise_packed: OnceLock<Tensor>,
     /// Weights in the order of channels-last patches, once on first use.
     nhwc_weight: OnceLock<Tensor>,
+    /// Those weights and the bias packed for the f32 register-tile linear
+    /// kernel, once on first use.
+    nhwc_packed: OnceLock<PackedWeight>,
     /// Activation fused into the output, applied in place after the kernel
     /// (and after the residual).
     activation: Option<ActivationKind>,
@@ -132,6 +136,7 @@ impl Conv2d {
             depthwise_packed: OnceLock::new(),
             pointwise_packed: OnceLock::new(),
             nhwc_weight: OnceLock::new(),
+            nhwc_packed: OnceLock::new(),
             activation: None,
             residual: false,
         };
@@ -587,6 +592,40 @@ impl Conv2d {
     }
 }
 
+impl Conv2d {
+    /// The f32 weights in channels-last patch order, with the bias, packed
+    /// for the register-tile linear kernel, on first use (see [`prepared`]
+    /// for what a failure leaves).
+    fn nhwc_packed(&self, p: &Conv2dParams, context: impl Fn() -> String) -> Result<&PackedWeight> {
+        if let Some(packed) = self.nhwc_packed.get() {
+            return Ok(packed);
+        }
+        let w = self.weight.as_slice::<f32>()?;
+        // In patch order only until packed: not kept beside the packed copy.
+        let reorder = || -> KernelResult<Vec<f32>> {
+            let mut d = ai3_kernels::alloc::try_zeroed_vec(w.len(), "channels-last conv2d weight")?;
+            gemm::nhwc_weight(p, w, &mut d)?;
+            Ok(d)
+        };
+        let w = reorder().map_err(|e| Error::from_kernel(OP.name(), &context(), e))?;
+        let b = match &self.bias {
+            Some(b) => Some(b.as_slice::<f32>()?),
+            None => None,
+        };
+        let features = p.kernel_h * p.kernel_w * p.in_channels;
+        let packed = PackedWeight::new(&w, b, p.out_channels, features)
+            .map_err(|e| Error::from_kernel(OP.name(), &context(), e))?
+            .ok_or_else(|| {
+                Error::internal(OP.name(), "the packed linear kernel does not run here")
+            })?;
+        // Set fails only when another thread set it first: its weights are the same.
+        let _ = self.nhwc_packed.set(packed);
+        self.nhwc_packed
+            .get()
+            .ok_or_else(|| Error::internal(OP.name(), "prepared weights vanished"))
+    }
+}
+
 /// Weights an algorithm prepares once, on first use, and keeps in `cell`:
 /// `len` elements written by `fill`. They depend only on the weight's
 /// geometry, so every input size shares them.
@@ -793,6 +832,12 @@ impl Operation for Conv2d {
             Some(Algorithm::Direct) => {
                 let packed = self.depthwise_packed(&p, context)?;
                 depthwise::conv2d_nhwc(&p, x.as_slice()?, packed, output.as_mut_slice()?)
+            }
+            Some(Algorithm::Gemm)
+                if x.dtype() == crate::DType::F32 && linear::packed::available() =>
+            {
+                let packed = self.nhwc_packed(&p, context)?;
+                gemm::conv2d_nhwc_packed(&p, x.as_slice()?, packed, output.as_mut_slice()?)
             }
             Some(Algorithm::Gemm) => with_dtype!(x.dtype(), T, {
                 let w = self.weight.as_slice::<T>()?;

@@ -12,6 +12,7 @@ use gemm::Parallelism;
 
 use super::{for_each_image_group, valid_range, with_scratch, SharedMut};
 use crate::alloc::{check_len, KernelResult};
+use crate::cpu::linear::packed::PackedWeight;
 use crate::cpu::matmul::{matmul, MatPtr};
 use crate::params::{Conv2dParams, LinearParams};
 use crate::Float;
@@ -318,6 +319,49 @@ pub fn conv2d_nhwc<T: Float>(
 ) -> KernelResult<()> {
     p.check_buffers(input.len(), bias.map(<[T]>::len), output.len())?;
     check_len("channels-last conv2d weight", weight.len(), p.weight_len())?;
+    with_patches(p, input, |lin, patches| {
+        crate::cpu::linear::gemm(lin, patches, weight, bias, output)
+    })
+}
+
+/// [`conv2d_nhwc`] for f32 with the weight (in [`nhwc_weight`]'s order)
+/// and bias packed once for the register-tile linear kernel
+/// ([`PackedWeight`], built with `kh * kw * in_channels` input features):
+/// the gemm crate packs the weight again on every call, which costs most
+/// on the deep, narrow products of ConvNeXt's downsampling layers (384 ->
+/// 768 at 14x14: 1536-long reductions over 49 pixels).
+///
+/// Fails, before writing anything, when a buffer has the wrong length, the
+/// weight was packed for another shape, or `p` has overlapping windows; a
+/// refused scratch allocation fails the call.
+pub fn conv2d_nhwc_packed(
+    p: &Conv2dParams,
+    input: &[f32],
+    weight: &PackedWeight,
+    output: &mut [f32],
+) -> KernelResult<()> {
+    p.check_buffers(input.len(), None, output.len())?;
+    let features = p.kernel_h * p.kernel_w * p.in_channels;
+    if weight.in_features() != features || weight.out_features() != p.out_channels {
+        return Err(crate::KernelError::Precondition {
+            what: "the packed channels-last conv2d weight was packed for another layer shape",
+        });
+    }
+    with_patches(p, input, |lin, patches| {
+        crate::cpu::linear::packed::linear(lin, patches, weight, output, None);
+        Ok(())
+    })
+}
+
+/// Runs `multiply(lin, patches)` on the `[pixels, kh * kw * in]` matrix of
+/// `p`'s patches (the input itself for a 1x1 kernel), `lin` the linear
+/// layer's shape that turns them into the NHWC output. Fails when `p` has
+/// overlapping windows; a refused scratch allocation fails the call.
+fn with_patches<T: Float>(
+    p: &Conv2dParams,
+    input: &[T],
+    multiply: impl FnOnce(&LinearParams, &[T]) -> KernelResult<()>,
+) -> KernelResult<()> {
     if !applies_nhwc(p) {
         return Err(crate::KernelError::Precondition {
             what: "the channels-last GEMM convolution needs one group, no padding, no dilation and a stride equal to the kernel",
@@ -331,7 +375,7 @@ pub fn conv2d_nhwc<T: Float>(
         out_features: p.out_channels,
     };
     if p.kernel_h == 1 && p.kernel_w == 1 {
-        return crate::cpu::linear::gemm(&lin, input, weight, bias, output);
+        return multiply(&lin, input);
     }
     let width = ow * lin.in_features;
     with_scratch::<T, _>(lin.rows * lin.in_features, |patches| {
@@ -352,7 +396,7 @@ pub fn conv2d_nhwc<T: Float>(
                     }
                 }
             });
-        crate::cpu::linear::gemm(&lin, patches, weight, bias, output)
+        multiply(&lin, patches)
     })?
 }
 
@@ -390,6 +434,9 @@ mod tests {
             case((3, 1), (10, 7), 5, 7),
             case((1, 1), (5, 6), 9, 4),
             case((2, 2), (3, 3), 4, 6),
+            // Deeper than the packed kernel's reduction block (384 > 256),
+            // more pixels than its row tile and a partial panel of outputs.
+            case((2, 2), (14, 13), 96, 40),
         ];
         let run = || {
             let mut rng = Rng::new(5);
@@ -401,6 +448,8 @@ mod tests {
                 let want = reference_conv(p, &x, &w, Some(&b));
                 let (plane_in, plane_out) = (p.in_h * p.in_w, p.out_h() * p.out_w());
                 let want = channels_last(&want, p.out_channels, plane_out, false);
+                let unbiased = reference_conv(p, &x, &w, None);
+                let unbiased = channels_last(&unbiased, p.out_channels, plane_out, false);
                 let x = channels_last(&x, p.in_channels, plane_in, false);
                 fn go<T: Float>(p: &Conv2dParams, x: &[f64], w: &[f64], b: &[f64]) -> Vec<T> {
                     let mut wt = vec![T::zero(); p.weight_len()];
@@ -421,6 +470,28 @@ mod tests {
                     1e-12,
                     &format!("{p:?} f64"),
                 );
+                // The weight packed for the register-tile kernel, where it runs.
+                let (xf, wf, bf) = (cast::<f32>(&x), cast::<f32>(&w), cast::<f32>(&b));
+                let mut wt = vec![0f32; p.weight_len()];
+                nhwc_weight(p, &wf, &mut wt).unwrap();
+                let features = p.kernel_h * p.kernel_w * p.in_channels;
+                for bias in [Some(&bf[..]), None] {
+                    let Some(packed) =
+                        PackedWeight::new(&wt, bias, p.out_channels, features).unwrap()
+                    else {
+                        assert!(!crate::cpu::linear::packed::available());
+                        continue;
+                    };
+                    let mut out = vec![f32::NAN; p.output_len()];
+                    conv2d_nhwc_packed(p, &xf, &packed, &mut out).unwrap();
+                    let want = if bias.is_some() { &want } else { &unbiased };
+                    assert_close(
+                        &out,
+                        &want,
+                        1e-5,
+                        &format!("{p:?} packed, bias {}", bias.is_some()),
+                    );
+                }
             }
         };
         run();
@@ -434,6 +505,17 @@ mod tests {
         let (x, w) = (vec![0f32; p.input_len()], vec![0f32; p.weight_len()]);
         let mut out = vec![0f32; p.output_len()];
         assert!(conv2d_nhwc(&p, &x, &w, None, &mut out).is_err());
+        if let Some(packed) = PackedWeight::new(&w, None, 24, 64).unwrap() {
+            assert!(conv2d_nhwc_packed(&p, &x, &packed, &mut out).is_err());
+            // A weight packed for another layer is refused, not run.
+            let p = cases[0];
+            let mut out = vec![0f32; p.output_len()];
+            let other = PackedWeight::new(&w[..24 * 32], None, 24, 32)
+                .unwrap()
+                .unwrap();
+            let x = vec![0f32; p.input_len()];
+            assert!(conv2d_nhwc_packed(&p, &x, &other, &mut out).is_err());
+        }
     }
 
     #[test]

@@ -81,6 +81,16 @@ impl PackedWeight {
         }))
     }
 
+    /// Input features of each row the packed weight multiplies.
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// Output features it makes of each row.
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
     /// Bytes the packed copy holds.
     pub fn bytes(&self) -> usize {
         (self.data.len() + self.bias.as_ref().map_or(0, Vec::len)) * 4
