@@ -487,7 +487,7 @@ mod tests {
                     let want = if bias.is_some() { &want } else { &unbiased };
                     assert_close(
                         &out,
-                        &want,
+                        want,
                         1e-5,
                         &format!("{p:?} packed, bias {}", bias.is_some()),
                     );
