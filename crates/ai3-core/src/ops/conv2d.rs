@@ -590,9 +590,7 @@ impl Conv2d {
             depthwise::pack_blocked(p, w, b, d)
         })
     }
-}
 
-impl Conv2d {
     /// The f32 weights in channels-last patch order, with the bias, packed
     /// for the register-tile linear kernel, on first use (see [`prepared`]
     /// for what a failure leaves).
