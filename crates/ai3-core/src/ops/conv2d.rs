@@ -595,32 +595,26 @@ impl Conv2d {
     /// for the register-tile linear kernel, on first use (see [`prepared`]
     /// for what a failure leaves).
     fn nhwc_packed(&self, p: &Conv2dParams, context: impl Fn() -> String) -> Result<&PackedWeight> {
-        if let Some(packed) = self.nhwc_packed.get() {
-            return Ok(packed);
-        }
-        let w = self.weight.as_slice::<f32>()?;
-        // In patch order only until packed: not kept beside the packed copy.
-        let reorder = || -> KernelResult<Vec<f32>> {
-            let mut d = ai3_kernels::alloc::try_zeroed_vec(w.len(), "channels-last conv2d weight")?;
-            gemm::nhwc_weight(p, w, &mut d)?;
-            Ok(d)
-        };
-        let w = reorder().map_err(|e| Error::from_kernel(OP.name(), &context(), e))?;
-        let b = match &self.bias {
-            Some(b) => Some(b.as_slice::<f32>()?),
-            None => None,
-        };
-        let features = p.kernel_h * p.kernel_w * p.in_channels;
-        let packed = PackedWeight::new(&w, b, p.out_channels, features)
-            .map_err(|e| Error::from_kernel(OP.name(), &context(), e))?
-            .ok_or_else(|| {
-                Error::internal(OP.name(), "the packed linear kernel does not run here")
-            })?;
-        // Set fails only when another thread set it first: its weights are the same.
-        let _ = self.nhwc_packed.set(packed);
-        self.nhwc_packed
-            .get()
-            .ok_or_else(|| Error::internal(OP.name(), "prepared weights vanished"))
+        once(&self.nhwc_packed, || {
+            let w = self.weight.as_slice::<f32>()?;
+            let b = match &self.bias {
+                Some(b) => Some(b.as_slice::<f32>()?),
+                None => None,
+            };
+            let features = p.kernel_h * p.kernel_w * p.in_channels;
+            // In patch order only until packed: not kept beside the packed copy.
+            let pack = || -> KernelResult<Option<PackedWeight>> {
+                let mut d =
+                    ai3_kernels::alloc::try_zeroed_vec(w.len(), "channels-last conv2d weight")?;
+                gemm::nhwc_weight(p, w, &mut d)?;
+                PackedWeight::new(&d, b, p.out_channels, features)
+            };
+            pack()
+                .map_err(|e| Error::from_kernel(OP.name(), &context(), e))?
+                .ok_or_else(|| {
+                    Error::internal(OP.name(), "the packed linear kernel does not run here")
+                })
+        })
     }
 }
 
@@ -638,23 +632,30 @@ fn prepared<T: crate::dtype::Element>(
     context: impl Fn() -> String,
     fill: impl FnOnce(&mut [T]) -> KernelResult<()>,
 ) -> Result<&[T]> {
-    if let Some(t) = cell.get() {
-        return t.as_slice::<T>();
+    once(cell, || {
+        let mut t = Tensor::zeros(T::DTYPE, &[len]).map_err(|e| {
+            let ctx = context();
+            e.with_op(OP.name())
+                .map_msg(|m| format!("{m} (the prepared weights; {ctx})"))
+        })?;
+        fill(t.as_mut_slice::<T>()?).map_err(|e| Error::from_kernel(OP.name(), &context(), e))?;
+        Ok(t)
+    })?
+    .as_slice::<T>()
+}
+
+/// The value in `cell`, made by `make` on first use. A failure is returned
+/// and nothing is cached, so the next call tries again. Two threads may
+/// both make it on a first call; the first to finish is kept (the values
+/// are the same), the other's dropped.
+fn once<V>(cell: &OnceLock<V>, make: impl FnOnce() -> Result<V>) -> Result<&V> {
+    if let Some(v) = cell.get() {
+        return Ok(v);
     }
-    let mut t = Tensor::zeros(T::DTYPE, &[len]).map_err(|e| {
-        let ctx = context();
-        e.with_op(OP.name())
-            .map_msg(|m| format!("{m} (the prepared weights; {ctx})"))
-    })?;
-    let filled = fill(t.as_mut_slice::<T>()?);
-    if let Err(e) = filled {
-        return Err(Error::from_kernel(OP.name(), &context(), e));
-    }
-    // Set fails only when another thread set it first: its weights are the same.
-    let _ = cell.set(t);
+    // Set fails only when another thread set it first.
+    let _ = cell.set(make()?);
     cell.get()
-        .ok_or_else(|| Error::internal(OP.name(), "prepared weights vanished"))?
-        .as_slice::<T>()
+        .ok_or_else(|| Error::internal(OP.name(), "prepared weights vanished"))
 }
 
 /// `(k - 1) * d + 1`, the extent of a kernel of size `k` with dilation `d`,
