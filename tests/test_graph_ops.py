@@ -630,3 +630,78 @@ def test_layer_scale_not_folded_without_known_shapes():
     with torch.no_grad():
         assert_close(model(x), net(x), torch.float32)
     assert "mul" in [r["op"] for r in model.summary(tuple(x.shape))]
+
+
+class ChannelsLastBlocks(nn.Module):
+    """Convolutions between permutes to and from channels last, as ConvNeXt
+    runs them: ``mode`` picks the convolution (``depthwise`` 7x7, a
+    ``patches`` 2x2 stride-2 downsampling read by a depthwise layer and a
+    residual add, a ``dense`` 3x3 with no channels-last kernel) or breaks
+    the rewrite (the convolution's output also a graph ``output``, an
+    ``activation`` after it, a ``reader`` that needs NCHW)."""
+
+    def __init__(self, mode: str, c: int = 8):
+        super().__init__()
+        self.mode = mode
+        groups = 1 if mode == "dense" else c
+        k = 3 if mode == "dense" else 7
+        self.down = nn.Conv2d(c, c, 2, stride=2)
+        self.conv = nn.Conv2d(c, c, k, padding=k // 2, groups=groups)
+        self.norm = nn.LayerNorm(c)
+        self.mlp = nn.Linear(c, c)
+
+    def block(self, x):
+        y = self.conv(x)
+        if self.mode == "activation":
+            y = F.relu(y)
+        z = self.mlp(self.norm(y.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        return z + x, y
+
+    def forward(self, x):
+        x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if self.mode == "patches":
+            x = self.down(x)
+        x, y = self.block(x)
+        x, _ = self.block(x)
+        if self.mode == "output":
+            return x, y
+        if self.mode == "reader":
+            return x + y.mean()
+        return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize(
+    "mode, rewritten",
+    [
+        ("depthwise", [True, True]),
+        ("patches", [True, True, True]),
+        ("dense", [True, True]),
+        # The first block's convolution output is read as NCHW.
+        ("output", [False, True]),
+        ("reader", [False, True]),
+        ("activation", [False, False]),
+    ],
+)
+def test_channels_last_convolutions_drop_their_permutes(mode, rewritten, dtype):
+    """Where every reader takes it, a convolution of a permute to NCHW runs
+    channels last and the permutes around it go; otherwise that convolution
+    is left as it was. Either way the network computes what PyTorch does."""
+    net = ChannelsLastBlocks(mode).to(dtype).eval()
+    x = torch.randn(2, 8, 6, 10, dtype=dtype)
+    with torch.no_grad():
+        expected = net(x)
+    model = ai3.convert(net, dtype=dtype, sample_input_shape=tuple(x.shape))
+    got = model(x)
+    if mode == "output":
+        assert_close(got[0], expected[0], dtype)
+        assert_close(got[1], expected[1], dtype)
+    else:
+        assert_close(got, expected, dtype)
+    rows = model.summary(tuple(x.shape))
+    permutes = [r for r in rows if r["op"] == "permute"]
+    convs = [r for r in rows if r["op"] == "conv2d"]
+    # Channels last: [n, h, w, 8] in, not [n, 8, h, w].
+    assert [r["input_shapes"][0][-1] == 8 for r in convs] == rewritten, convs
+    # All rewritten: one permute of the input to channels last, one of the output back.
+    assert (len(permutes) == 2) == all(rewritten), permutes

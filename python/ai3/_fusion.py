@@ -358,4 +358,137 @@ def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
             prod.params["activation"] = (act.op, dict(act.params))
             lw.kind[act.node] = Alias(prod.node)
             steps.remove(act)
+    _channels_last(lw, steps, algo_of)
     return steps
+
+
+#: ``permute`` dimensions from channels last to NCHW, and back.
+TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+
+
+def _perm(s: Step) -> list[int] | None:
+    """A ``permute`` step's full permutation, for a 4-D value; else None."""
+    if s.op != "permute" or len(s.inputs) != 1:
+        return None
+    try:
+        return [_permuted_dim(s, d, 4) for d in range(4)]
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _channels_last(lw: Lowerer, steps: list[Step], algo_of: dict[int, Any]) -> None:
+    """Keeps channels-last values channels last across convolutions and
+    adds, dropping the permutes around them (ConvNeXt's blocks: a depthwise
+    convolution on ``permute(y, (0, 3, 1, 2))`` whose output is permuted
+    back by ``(0, 2, 3, 1)`` for the layer norm, and a residual add of two
+    such permutes).
+
+    In order, where ``P(v)`` is ``permute(v, (0, 3, 1, 2))``:
+
+    - ``conv(P(y))`` becomes ``P(conv'(y))``, ``conv'`` a channels-last
+      convolution (one input, no activation, held weights), where every
+      reader of the convolution's output absorbs the permute (one of these
+      three rules);
+    - ``add(P(a), P(b))`` of equal shapes becomes ``P(add(a, b))`` where
+      one of the two permutes has no other reader;
+    - ``permute(P(y), (0, 2, 3, 1))`` is ``y``.
+
+    Permutes left with no reader are dropped. The rewritten graph computes
+    the same values: each rewritten node's old output is now the permute
+    after it, which its readers read.
+    """
+    producer = {s.node: s for s in steps}
+    scratch = torch.fx.Graph()
+    taken = {n.name for n in lw.gm.graph.nodes}
+
+    def source(n: torch.fx.Node, perm: list[int]) -> Step | None:
+        p = producer.get(lw.canonical(n))
+        return p if p is not None and _perm(p) == perm else None
+
+    def readers_of(n: torch.fx.Node) -> list[Step]:
+        return [s for s in steps if any(lw.canonical(i) is n for i in s.inputs)]
+
+    def is_output(n: torch.fx.Node) -> bool:
+        return any(lw.canonical(o) is n for o in lw.outputs)
+
+    def conv_ok(s: Step, reads: torch.fx.Node | None = None) -> bool:
+        """Whether ``s`` can be made channels last, reading a permute to
+        NCHW (or, with ``reads``, ``reads`` once it is one)."""
+        return (
+            s.op == "conv2d"
+            and len(s.inputs) == 1
+            and "activation" not in s.params
+            and not s.params.get("channels_last")
+            and s.params.get("padding_mode", "zeros") == "zeros"
+            and all(isinstance(w, torch.Tensor) or w is None for w in _weights(s))
+            and (
+                source(s.inputs[0], TO_NCHW) is not None
+                if reads is None
+                else lw.canonical(s.inputs[0]) is reads
+            )
+        )
+
+    def add_ok(s: Step) -> bool:
+        if s.op != "add" or len(s.inputs) != 2 or s.params:
+            return False
+        ps = [source(i, TO_NCHW) for i in s.inputs]
+        if None in ps or _shape(ps[0].node) is None or _shape(ps[0].node) != _shape(ps[1].node):
+            return False
+        return any(readers_of(p.node) == [s] for p in ps)
+
+    def absorbs(r: Step, n: torch.fx.Node) -> bool:
+        """Whether reader ``r`` of ``n`` would take ``P(n')`` without a permute."""
+        if _perm(r) == TO_NHWC:
+            return True
+        if r.op == "conv2d":
+            return conv_ok(r, reads=n)
+        if r.op == "add" and len(r.inputs) == 2 and not r.params:
+            others = [i for i in r.inputs if lw.canonical(i) is not n]
+            return len(others) == 1 and source(others[0], TO_NCHW) is not None
+        return False
+
+    def permute_after(s: Step, new_inputs: list[torch.fx.Node]) -> None:
+        """``s`` reads ``new_inputs`` (channels last); a permute to NCHW after
+        it takes its place for every reader."""
+        old = s.node
+        # A node of a graph of its own: the traced graph stays as it was.
+        name, k = f"{old.name}_nchw", 1
+        while name in taken:
+            name, k = f"{old.name}_nchw{k}", k + 1
+        taken.add(name)
+        after = scratch.placeholder(name)
+        after.meta = dict(old.meta)
+        for r in readers_of(old):
+            r.inputs = [after if lw.canonical(i) is old else i for i in r.inputs]
+        lw.outputs = [after if lw.canonical(o) is old else o for o in lw.outputs]
+        s.inputs = new_inputs
+        step = Step(after, "permute", [old], {"dims": list(TO_NCHW)})
+        steps.insert(steps.index(s) + 1, step)
+        producer[after] = step
+        algo_of[id(step)] = "default"
+
+    i = 0
+    while i < len(steps):
+        s = steps[i]
+        if conv_ok(s):
+            readers = readers_of(s.node)
+            if readers and not is_output(s.node) and all(absorbs(r, s.node) for r in readers):
+                src = source(s.inputs[0], TO_NCHW)
+                s.params["channels_last"] = True
+                permute_after(s, [src.inputs[0]])
+        elif add_ok(s):
+            permute_after(s, [source(n, TO_NCHW).inputs[0] for n in s.inputs])
+        elif _perm(s) == TO_NHWC and source(s.inputs[0], TO_NCHW) is not None:
+            lw.kind[s.node] = Alias(source(s.inputs[0], TO_NCHW).inputs[0])
+            steps.pop(i)
+            continue
+        i += 1
+    dead = True
+    while dead:
+        dead = [
+            s
+            for s in steps
+            if s.op == "permute" and not readers_of(s.node) and not is_output(s.node)
+        ]
+        for s in dead:
+            steps.remove(s)

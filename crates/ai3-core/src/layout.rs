@@ -45,7 +45,11 @@
 //! strides of a graph input at run time. A node that reads a graph input
 //! and writes a graph output may read a channels-last input in place and
 //! write its output so ([`Operation::channels_last`], decided per plan in
-//! the graph's executor), which is the case of a swapped layer.
+//! the graph's executor), which is the case of a swapped layer. Conversion
+//! also keeps a network's own channels-last values so: a convolution of a
+//! permute to NCHW becomes a channels-last node
+//! (`ChannelsLast` in `ops/conv2d.rs`) where the permutes around it then
+//! cancel (ConvNeXt's blocks; `ai3._fusion`).
 
 use ai3_kernels::cpu::blocked;
 

@@ -16,8 +16,8 @@ use ai3_kernels::params::{Conv2dParams, Padding2d};
 use ai3_kernels::{KernelError, KernelResult};
 
 use super::{
-    any_plane_dims, check_positive, check_weight_dtype, custom_result, image_dims, image_shape,
-    kernel_result, with_dtype, ActivationKind, Operation,
+    any_plane_dims, check_positive, check_weight_dtype, custom_result, elements, elements_mut,
+    image_dims, image_shape, kernel_result, single, with_dtype, ActivationKind, Operation,
 };
 use crate::error::{Error, Result};
 use crate::layout::Blocked;
@@ -937,6 +937,7 @@ fn pad_mode(name: &str) -> Result<PadMode> {
 /// `bias`, `stride`, `padding` `[top, bottom, left, right]`, `dilation`,
 /// `groups`, `padding_mode` (PyTorch's), and a fused `activation`. A second
 /// input, of the output's shape, is a residual added before the activation.
+/// `channels_last`: input and output are `[n, h, w, c]` ([`ChannelsLast`]).
 pub const SPEC: OpSpec = OpSpec {
     inputs: Arity::between(1, 2),
     params: &[
@@ -948,6 +949,7 @@ pub const SPEC: OpSpec = OpSpec {
         optional("groups", K::Int),
         optional("padding_mode", K::Str),
         optional("activation", K::Activation),
+        optional("channels_last", K::Bool),
     ],
     build: |a| {
         let weight = a.required_tensor("weight")?;
@@ -970,12 +972,116 @@ pub const SPEC: OpSpec = OpSpec {
             a.request,
         )?;
         let residual = a.num_inputs == 2;
-        Ok(Box::new(
-            conv.with_activation(a.activation("activation")?)
-                .with_residual(residual),
-        ))
+        let conv = conv
+            .with_activation(a.activation("activation")?)
+            .with_residual(residual);
+        if !a.bool_or("channels_last", false)? {
+            return Ok(Box::new(conv));
+        }
+        if residual {
+            return Err(Error::invalid(
+                OP.name(),
+                "a channels-last convolution takes no residual input",
+            ));
+        }
+        Ok(Box::new(ChannelsLast { conv }))
     },
 };
+
+/// `[n, h, w, c]` read as `[n, c, h, w]`, or back: `to_nchw` picks the
+/// direction. Other ranks are an error naming the shape.
+fn nhwc_dims(shape: &[usize], to_nchw: bool) -> Result<[usize; 4]> {
+    match *shape {
+        [n, h, w, c] if to_nchw => Ok([n, c, h, w]),
+        [n, c, h, w] => Ok([n, h, w, c]),
+        _ => Err(Error::shape(
+            OP.name(),
+            format!(
+                "a channels-last convolution needs a 4-D input, got shape {}",
+                shape_str(shape)
+            ),
+        )),
+    }
+}
+
+/// A convolution whose input and output are channels last: it reads
+/// `[n, h, w, c]` and writes `[n, out_h, out_w, out_channels]`, the
+/// NCHW convolution's output permuted by `(0, 2, 3, 1)`. Conversion makes
+/// one where a network permutes channels-last values into NCHW for a
+/// convolution and back after it (ConvNeXt's blocks and downsampling),
+/// and drops those permutes. It runs the convolution's channels-last kernel
+/// where one applies (the depthwise and the disjoint-window patch kernels,
+/// f32), else the NCHW kernel between two transposes.
+#[derive(Debug)]
+pub struct ChannelsLast {
+    conv: Conv2d,
+}
+
+impl ChannelsLast {
+    /// The NCHW shape of the input `inputs` holds, channels last.
+    fn nchw(inputs: &[&[usize]]) -> Result<[usize; 4]> {
+        nhwc_dims(single(OP, inputs)?, true)
+    }
+}
+
+impl Operation for ChannelsLast {
+    fn kind(&self) -> OpKind {
+        OP
+    }
+
+    fn per_image(&self, _inputs: &[&[usize]]) -> bool {
+        true
+    }
+
+    fn fused_activation(&self) -> Option<OpKind> {
+        self.conv.fused_activation()
+    }
+
+    fn algorithm_for(&self, input_shape: &[usize]) -> Result<String> {
+        self.conv.algorithm_for(&nhwc_dims(input_shape, true)?)
+    }
+
+    fn problem(&self, inputs: &[&[usize]]) -> Result<Problem> {
+        self.conv.problem(&[&Self::nchw(inputs)?])
+    }
+
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let out = self.conv.output_shape(&[&Self::nchw(inputs)?])?;
+        Ok(nhwc_dims(&out, false)?.to_vec())
+    }
+
+    fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
+        let x = single(OP, inputs)?;
+        let shape = nhwc_dims(x.shape(), true)?;
+        if self.conv.channels_last(&[&shape]) {
+            return self.conv.forward_channels_last(inputs, output);
+        }
+        // No channels-last kernel for these parameters (f64, a fused
+        // activation, overlapping windows but depthwise, no AVX2): the NCHW
+        // kernel between transposes.
+        let out_shape = self.conv.output_shape(&[&shape])?;
+        let mut xn = Tensor::zeros(x.dtype(), &shape)?;
+        let mut yn = Tensor::zeros(x.dtype(), &out_shape)?;
+        with_dtype!(x.dtype(), T, {
+            let done = ai3_kernels::cpu::shape::permute::<T>(
+                x.shape(),
+                &[0, 3, 1, 2],
+                elements(x)?,
+                elements_mut(&mut xn)?,
+            );
+            kernel_result(OP, done, || self.conv.context(&shape))?;
+            self.conv.forward(&[&xn], &mut yn)?;
+            let done = ai3_kernels::cpu::shape::permute::<T>(
+                &out_shape,
+                &[0, 2, 3, 1],
+                elements(&yn)?,
+                elements_mut(output)?,
+            );
+            kernel_result(OP, done, || self.conv.context(&shape))?
+        });
+        Ok(())
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -1030,6 +1136,41 @@ mod tests {
             PadMode::Zeros,
             Request::Default,
         )
+    }
+
+    #[test]
+    fn channels_last_is_the_nchw_convolution_permuted() {
+        let cl = ChannelsLast {
+            conv: layer(1, 1).unwrap(),
+        };
+        // Not 4-D: a shape error naming the shape.
+        let err = cl.output_shape(&[&[1, 8, 3]]).unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }), "{err}");
+        assert!(err.to_string().contains("[1, 8, 3]"), "{err}");
+        // [n, h, w, c] in, [n, h, w, out_channels] out.
+        assert_eq!(cl.output_shape(&[&[2, 5, 4, 3]]).unwrap(), vec![2, 5, 4, 4]);
+        // A dense 3x3 layer has no channels-last kernel: the NCHW one between
+        // transposes, checked against the NCHW layer on the permuted input.
+        let nhwc: Vec<f32> = (0..2 * 5 * 4 * 3)
+            .map(|i| ((i * 7) % 11) as f32 - 5.0)
+            .collect();
+        let x = Tensor::from_slice(&nhwc, &[2, 5, 4, 3]).unwrap();
+        let mut got = Tensor::zeros(crate::DType::F32, &[2, 5, 4, 4]).unwrap();
+        cl.forward(&[&x], &mut got).unwrap();
+        let mut nchw = vec![0.0f32; nhwc.len()];
+        ai3_kernels::cpu::shape::permute(&[2, 5, 4, 3], &[0, 3, 1, 2], &nhwc, &mut nchw).unwrap();
+        let xn = Tensor::from_slice(&nchw, &[2, 3, 5, 4]).unwrap();
+        let mut want = Tensor::zeros(crate::DType::F32, &[2, 4, 5, 4]).unwrap();
+        cl.conv.forward(&[&xn], &mut want).unwrap();
+        let want = want.as_slice::<f32>().unwrap();
+        let got = got.as_slice::<f32>().unwrap();
+        for n in 0..2 {
+            for c in 0..4 {
+                for hw in 0..20 {
+                    assert_eq!(got[(n * 20 + hw) * 4 + c], want[(n * 4 + c) * 20 + hw]);
+                }
+            }
+        }
     }
 
     #[test]
