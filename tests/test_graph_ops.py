@@ -535,6 +535,60 @@ def test_residual_fused_convolution_under_auto():
     assert [r["fused"] for r in rows if r["op"] == "conv2d"].count("add+relu") == 1, rows
 
 
+class LinearSkip(nn.Module):
+    """``linear(x) + y`` (a transformer's or ConvNeXt's residual), then an
+    activation; ``mode`` swaps the add's operands or breaks the fusion (the
+    linear's output read again, a skip that broadcasts)."""
+
+    def __init__(self, mode: str = ""):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.mode = mode
+
+    def forward(self, x, skip):
+        y = self.fc(x)
+        if self.mode == "broadcast":
+            skip = skip.mean(1, keepdim=True)
+        out = torch.relu(skip + y if self.mode == "swapped" else y + skip)
+        return out + y if self.mode == "shared" else out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize(
+    "mode, fused", [("", True), ("swapped", True), ("shared", False), ("broadcast", False)]
+)
+def test_residual_add_fused_into_linear(mode, fused, dtype):
+    """Fused where the add is the linear's only reader and the skip has its
+    output's shape (the add, then the activation, in its epilogue); left
+    alone elsewhere. Compared with PyTorch either way."""
+    net = LinearSkip(mode).to(dtype).eval()
+    x, skip = torch.randn(3, 5, 8, dtype=dtype), torch.randn(3, 5, 8, dtype=dtype)
+    with torch.no_grad():
+        expected = net(x, skip)
+    model = ai3.convert(net, dtype=dtype, sample_input_shape=[(3, 5, 8), (3, 5, 8)])
+    assert_close(model(x, skip), expected, dtype)
+    rows = model.summary([(3, 5, 8), (3, 5, 8)])
+    linear = [r for r in rows if r["op"] == "linear"]
+    assert (linear[0]["fused"] == "add+relu") == fused, rows
+    assert ("add" not in [r["op"] for r in rows]) == fused, rows
+
+
+def test_linear_residual_of_another_shape_is_a_shape_error():
+    """The Rust operation checks the residual it is given, naming both shapes,
+    and adds one of the right shape (both the packed f32 path and f64's)."""
+    from ai3 import _core
+
+    for dtype in (torch.float32, torch.float64):
+        w = torch.randn(4, 3, dtype=dtype)
+        m = _core.Model(str(dtype).removeprefix("torch."), 2)
+        m.set_outputs([m.add("linear", "fc", [0, 1], {"weight": w})])
+        x, r = torch.randn(2, 3, dtype=dtype), torch.randn(2, 4, dtype=dtype)
+        with pytest.raises(ai3.ShapeError, match=r"linear.*\[2, 5\].*\[2, 4\]"):
+            m.run([x, torch.randn(2, 5, dtype=dtype)])
+        got = torch.from_dlpack(m.run([x, r])[0])
+        assert_close(got, F.linear(x, w) + r, dtype)
+
+
 class ScaledLayer(nn.Module):
     """``gamma * layer(x)`` with ``gamma`` a parameter, ConvNeXt's layer scale:
     ``kind`` picks the layer (a linear over channels-last pixels, permuted back

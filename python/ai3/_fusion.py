@@ -1,7 +1,9 @@
 """Convert-time rewrites: BatchNorm folded into the convolution before it,
 a constant per-feature scale (ConvNeXt's layer scale) folded into the
 linear or convolution layer whose output it scales, a residual ``conv(x) +
-y`` (ResNet's skip) added by the convolution as it writes its output,
+y`` (ResNet's skip) or ``linear(x) + y`` added by the layer as it writes its
+output, convolutions between permutes to and from channels last made
+channels-last nodes (the permutes dropped),
 activations fused into the convolution, linear, (unfolded) batch norm or
 elementwise arithmetic node that feeds them, and attention written out as
 ``softmax(q @ kᵀ * scale + mask) @ v`` made one ``attention`` node
@@ -17,6 +19,7 @@ the user's C++ (``'custom'``) is never fused away.
 from __future__ import annotations
 
 from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -283,11 +286,12 @@ def _weights(s: Step) -> list[Any]:
     return [s.params.get(k) for k in names]
 
 
-def _residual_conv(lw: Lowerer, steps: list[Step], add: Step) -> tuple[Step, int] | None:
-    """For ``add`` = ``conv(x) + y`` or ``y + conv(x)`` of equal known shapes,
-    where the add is the convolution's only reader and the convolution holds
-    its weights and has no activation yet: the convolution and the index of
-    ``y`` among the add's inputs."""
+def _residual_layer(lw: Lowerer, steps: list[Step], add: Step) -> tuple[Step, int] | None:
+    """For ``add`` = ``layer(x) + y`` or ``y + layer(x)`` of equal known
+    shapes, ``layer`` a convolution (NCHW) or a linear layer, where the add
+    is the layer's only reader and the layer holds its weights and has no
+    activation yet: the layer and the index of ``y`` among the add's
+    inputs."""
     if len(add.inputs) != 2 or add.params:
         return None
     shapes = [_shape(lw.canonical(i)) for i in add.inputs]
@@ -299,7 +303,8 @@ def _residual_conv(lw: Lowerer, steps: list[Step], add: Step) -> tuple[Step, int
         conv = next((p for p in steps if p.node is src), None)
         if (
             conv is not None
-            and conv.op == "conv2d"
+            and conv.op in ("conv2d", "linear")
+            and not conv.params.get("channels_last")
             and len(conv.inputs) == 1
             and readers[src] == 1
             and lw.canonical(add.inputs[1 - k]) is not src
@@ -335,18 +340,19 @@ def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
             _scale(layer, gamma)
             lw.kind[mul.node] = Alias(y)
             steps.remove(mul)
+    _channels_last(lw, steps, algo_of)
     for add in [s for s in steps if s.op == "add"]:
-        found = _residual_conv(lw, steps, add)
+        found = _residual_layer(lw, steps, add)
         if found is None:
             continue
-        conv, other = found
-        # The convolution moves to the add's place: the residual may be
-        # computed after it (ResNet's downsample branch), and nothing else
-        # reads the convolution's output.
-        conv.inputs.append(add.inputs[other])
-        steps.remove(conv)
-        steps[steps.index(add)] = conv
-        lw.kind[add.node] = Alias(conv.node)
+        layer, other = found
+        # The layer moves to the add's place: the residual may be computed
+        # after it (ResNet's downsample branch), and nothing else reads the
+        # layer's output.
+        layer.inputs.append(add.inputs[other])
+        steps.remove(layer)
+        steps[steps.index(add)] = layer
+        lw.kind[add.node] = Alias(layer.node)
     for act in [s for s in steps if s.op in FUSABLE]:
         prod = _producer(lw, steps, act, PRODUCERS)
         # An activation that runs the user's C++ must stay a node of its own, and
@@ -358,7 +364,6 @@ def apply(lw: Lowerer, algo_of: dict[int, Any]) -> list[Step]:
             prod.params["activation"] = (act.op, dict(act.params))
             lw.kind[act.node] = Alias(prod.node)
             steps.remove(act)
-    _channels_last(lw, steps, algo_of)
     return steps
 
 
@@ -458,6 +463,13 @@ def _channels_last(lw: Lowerer, steps: list[Step], algo_of: dict[int, Any]) -> N
         taken.add(name)
         after = scratch.placeholder(name)
         after.meta = dict(old.meta)
+        # ``old`` now holds the channels-last value: its recorded shape too.
+        shape = _shape(old)
+        old.meta = {}
+        if shape is not None:
+            val = after.meta.get("val")
+            sizes = val.shape if isinstance(val, torch.Tensor) else after.meta["tensor_meta"].shape
+            old.meta["tensor_meta"] = SimpleNamespace(shape=[sizes[d] for d in TO_NHWC])
         for r in readers_of(old):
             r.inputs = [after if lw.canonical(i) is old else i for i in r.inputs]
         lw.outputs = [after if lw.canonical(o) is old else o for o in lw.outputs]

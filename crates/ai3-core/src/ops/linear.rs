@@ -7,7 +7,7 @@ use ai3_kernels::custom;
 use ai3_kernels::params::LinearParams;
 
 use super::{
-    check_weight_dtype, custom_result, kernel_result, single, with_dtype, ActivationKind, Operation,
+    check_weight_dtype, custom_result, kernel_result, with_dtype, ActivationKind, Operation,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -24,6 +24,9 @@ pub struct Linear {
     request: Request,
     /// Activation fused into the output, applied in place after the GEMM.
     activation: Option<ActivationKind>,
+    /// Whether a second input, of the output's shape, is added to the
+    /// output before the activation (a residual: `linear(x) + y`).
+    residual: bool,
     /// The f32 weight packed for the register-tile kernel (AVX-512 or
     /// AVX2), which runs every f32 `gemm` call (None for f64 and on the
     /// portable ISA level). The weight is kept too, for `custom`, shapes
@@ -74,6 +77,7 @@ impl Linear {
             bias,
             request,
             activation: None,
+            residual: false,
             packed,
         };
         layer.algorithm(&layer.params(1))?;
@@ -84,6 +88,29 @@ impl Linear {
     pub fn with_activation(mut self, activation: Option<ActivationKind>) -> Self {
         self.activation = activation;
         self
+    }
+
+    /// Adds a second input, of the output's shape, to the output before the
+    /// activation: `linear(x) + y` in one pass.
+    pub fn with_residual(mut self, residual: bool) -> Self {
+        self.residual = residual;
+        self
+    }
+
+    /// The input and, with a fused residual, the residual.
+    fn split<'a, T: ?Sized>(&self, inputs: &[&'a T]) -> Result<(&'a T, Option<&'a T>)> {
+        match (inputs, self.residual) {
+            ([x], false) => Ok((x, None)),
+            ([x, r], true) => Ok((x, Some(r))),
+            _ => Err(Error::internal(
+                OP.name(),
+                format!(
+                    "expected {} input(s), got {}",
+                    1 + usize::from(self.residual),
+                    inputs.len()
+                ),
+            )),
+        }
     }
 
     /// Features of each input row.
@@ -137,6 +164,9 @@ impl Operation for Linear {
     fn fused_activation(&self) -> Option<OpKind> {
         self.activation.map(|a| a.op_kind())
     }
+    fn fused_residual(&self) -> bool {
+        self.residual
+    }
     fn algorithm_for(&self, input_shape: &[usize]) -> Result<String> {
         Ok(self
             .algorithm(&self.params_for(input_shape)?)?
@@ -144,30 +174,54 @@ impl Operation for Linear {
             .into())
     }
     fn problem(&self, inputs: &[&[usize]]) -> Result<Problem> {
-        Ok(Problem::Linear(self.params_for(single(OP, inputs)?)?))
+        Ok(Problem::Linear(self.params_for(self.split(inputs)?.0)?))
     }
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
-        let x = single(OP, inputs)?;
+        let (x, residual) = self.split(inputs)?;
         self.params_for(x)?;
         let mut out = x.to_vec();
         if let Some(last) = out.last_mut() {
             *last = self.weight.shape()[0];
         }
+        if let Some(r) = residual.filter(|r| **r != *out) {
+            return Err(Error::shape(
+                OP.name(),
+                format!(
+                    "the residual added to the output has shape {}, the output {} (input shape {})",
+                    shape_str(r),
+                    shape_str(&out),
+                    shape_str(x)
+                ),
+            ));
+        }
         Ok(out)
     }
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
-        let x = single(OP, inputs)?;
+        let (x, residual) = self.split(inputs)?;
         check_weight_dtype(OP, "input", x, self.weight.dtype())?;
+        if let Some(r) = residual {
+            check_weight_dtype(OP, "residual", r, self.weight.dtype())?;
+            self.output_shape(&[x.shape(), r.shape()])?;
+        }
         let p = self.params_for(x.shape())?;
         let algorithm = self.algorithm(&p)?;
         if let (Some(packed), Algorithm::Gemm) = (&self.packed, algorithm) {
             if p.in_features > 0 && x.dtype() == DType::F32 {
+                let r = residual.map(|r| r.as_slice::<f32>()).transpose()?;
                 let out = output.as_mut_slice::<f32>()?;
-                // The fused activation runs on each finished block, still in cache.
-                let fused = self
-                    .activation
-                    .map(|a| move |row: &mut [f32]| a.apply_serial::<f32>(row));
-                let fused = fused.as_ref().map(|f| f as linear::packed::Epilogue);
+                // The residual and the activation run on each finished
+                // block, still in cache.
+                let act = self.activation;
+                let fused = move |at: usize, run: &mut [f32]| {
+                    if let Some(r) = r {
+                        add_into(run, &r[at..at + run.len()]);
+                    }
+                    if let Some(a) = act {
+                        a.apply_serial::<f32>(run);
+                    }
+                };
+                let fused =
+                    (r.is_some() || act.is_some()).then_some(&fused as linear::packed::Epilogue);
                 linear::packed::linear(&p, x.as_slice::<f32>()?, packed, out, fused);
                 return Ok(());
             }
@@ -211,6 +265,9 @@ impl Operation for Linear {
                     }
                 }
             }
+            if let Some(r) = residual {
+                add_into(out, r.as_slice::<T>()?);
+            }
             if let Some(a) = self.activation {
                 a.apply_inplace::<T>(out);
             }
@@ -219,10 +276,18 @@ impl Operation for Linear {
     }
 }
 
+/// `out += r`, element by element (`r` as long as `out`).
+fn add_into<T: ai3_kernels::Float>(out: &mut [T], r: &[T]) {
+    for (o, &r) in out.iter_mut().zip(r) {
+        *o += r;
+    }
+}
+
 /// `linear`: `weight` `[out_features, in_features]`, optional `bias`, and a
-/// fused `activation`.
+/// fused `activation`. A second input, of the output's shape, is a residual
+/// added before the activation.
 pub const SPEC: OpSpec = OpSpec {
-    inputs: Arity::exactly(1),
+    inputs: Arity::between(1, 2),
     params: &[
         required("weight", K::Tensor),
         optional("bias", K::Tensor),
@@ -232,6 +297,10 @@ pub const SPEC: OpSpec = OpSpec {
         let weight = a.required_tensor("weight")?;
         let bias = a.tensor("bias")?;
         let layer = Linear::new(weight, bias, a.request)?;
-        Ok(Box::new(layer.with_activation(a.activation("activation")?)))
+        Ok(Box::new(
+            layer
+                .with_activation(a.activation("activation")?)
+                .with_residual(a.num_inputs == 2),
+        ))
     },
 };

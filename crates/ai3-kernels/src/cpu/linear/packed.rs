@@ -120,8 +120,9 @@ fn tile_columns() -> Option<usize> {
     }
 }
 
-/// An elementwise function applied in place to finished output (a fused activation).
-pub type Epilogue<'a> = &'a (dyn Fn(&mut [f32]) + Sync);
+/// A function applied in place to a finished run of one output row (a
+/// fused residual and activation), given the run's offset in the output.
+pub type Epilogue<'a> = &'a (dyn Fn(usize, &mut [f32]) + Sync);
 
 /// `output = epilogue(input @ weightᵀ + bias)` with the packed weight;
 /// `input` is `[rows, in_features]`, `output` `[rows, out_features]`. The
@@ -212,7 +213,7 @@ mod tiled {
                     let row = unsafe {
                         std::slice::from_raw_parts_mut(out_ptr.0.add(i * nf + c0), c1 - c0)
                     };
-                    f(row);
+                    f(i * nf + c0, row);
                 }
             }
         });
