@@ -181,21 +181,9 @@ impl Conv2d {
         self
     }
 
-    /// The input and, with a residual, the residual, checked against the
-    /// layer: the residual must have the output's shape.
+    /// The input and, with a fused residual, the residual.
     fn split<'a, T: ?Sized>(&self, inputs: &[&'a T]) -> Result<(&'a T, Option<&'a T>)> {
-        match (inputs, self.residual) {
-            ([x], false) => Ok((x, None)),
-            ([x, r], true) => Ok((x, Some(r))),
-            _ => Err(Error::internal(
-                OP.name(),
-                format!(
-                    "expected {} input(s), got {}",
-                    1 + usize::from(self.residual),
-                    inputs.len()
-                ),
-            )),
-        }
+        super::with_residual(OP, self.residual, inputs)
     }
 
     /// The output shape for input shape `x`, checked against the residual's.

@@ -99,18 +99,7 @@ impl Linear {
 
     /// The input and, with a fused residual, the residual.
     fn split<'a, T: ?Sized>(&self, inputs: &[&'a T]) -> Result<(&'a T, Option<&'a T>)> {
-        match (inputs, self.residual) {
-            ([x], false) => Ok((x, None)),
-            ([x, r], true) => Ok((x, Some(r))),
-            _ => Err(Error::internal(
-                OP.name(),
-                format!(
-                    "expected {} input(s), got {}",
-                    1 + usize::from(self.residual),
-                    inputs.len()
-                ),
-            )),
-        }
+        super::with_residual(OP, self.residual, inputs)
     }
 
     /// Features of each input row.

@@ -234,6 +234,27 @@ pub(crate) fn single<'a, T: ?Sized>(op: OpKind, inputs: &[&'a T]) -> Result<&'a 
     }
 }
 
+/// The input of a layer that may fuse a residual and, when `residual`,
+/// the residual: its second input.
+pub(crate) fn with_residual<'a, T: ?Sized>(
+    op: OpKind,
+    residual: bool,
+    inputs: &[&'a T],
+) -> Result<(&'a T, Option<&'a T>)> {
+    match (inputs, residual) {
+        ([x], false) => Ok((x, None)),
+        ([x, r], true) => Ok((x, Some(r))),
+        _ => Err(Error::internal(
+            op.name(),
+            format!(
+                "expected {} input(s), got {}",
+                1 + usize::from(residual),
+                inputs.len()
+            ),
+        )),
+    }
+}
+
 /// Dimension `dim` of a tensor of rank `rank` (negative counts from the end,
 /// as in PyTorch), or an error naming the shape.
 pub(crate) fn normalize_dim(op: OpKind, dim: i64, rank: usize, shape: &[usize]) -> Result<usize> {
