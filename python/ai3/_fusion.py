@@ -495,12 +495,10 @@ def _channels_last(lw: Lowerer, steps: list[Step], algo_of: dict[int, Any]) -> N
             steps.pop(i)
             continue
         i += 1
-    dead = True
-    while dead:
-        dead = [
-            s
-            for s in steps
-            if s.op == "permute" and not readers_of(s.node) and not is_output(s.node)
-        ]
+    while True:
+        count = _readers(lw, steps)
+        dead = [s for s in steps if s.op == "permute" and count[s.node] == 0]
+        if not dead:
+            return
         for s in dead:
             steps.remove(s)
