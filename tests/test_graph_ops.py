@@ -755,7 +755,8 @@ def test_channels_last_convolutions_drop_their_permutes(mode, rewritten, dtype):
     rows = model.summary(tuple(x.shape))
     permutes = [r for r in rows if r["op"] == "permute"]
     convs = [r for r in rows if r["op"] == "conv2d"]
-    # Channels last: [n, h, w, 8] in, not [n, 8, h, w].
+    # Channels last: [n, h, w, 8] in, not [n, 8, h, w], and the summary says so.
     assert [r["input_shapes"][0][-1] == 8 for r in convs] == rewritten, convs
+    assert [r["layout"] == "NHWC" for r in convs] == rewritten, convs
     # All rewritten: one permute of the input to channels last, one of the output back.
     assert (len(permutes) == 2) == all(rewritten), permutes

@@ -82,7 +82,8 @@ class Summary(Sequence):
     resolved), ``input_shapes``, ``output_shape``, ``layout`` (the memory
     layout the node computes in: ``'NCHW'``, or ``'NCHW8c'``, channels in
     blocks of 8 side by side, which runs of depthwise and 1x1 convolutions
-    keep between them), ``reorders`` (the values reordered from one layout to
+    keep between them, or ``'NHWC'`` for a convolution converted to read and
+    write channels last, its shapes ``[n, h, w, c]``), ``reorders`` (the values reordered from one layout to
     the other for this node, e.g. ``"'features.0' -> NCHW8c"``) and, from
     ``profile``, ``ms`` (the node's median time in milliseconds, its reorders
     included). The summary also behaves as that list: ``len``, iteration and

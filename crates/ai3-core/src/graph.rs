@@ -173,8 +173,10 @@ pub struct NodeReport {
     pub fused: Option<String>,
     /// Scratch bytes the algorithm needs beyond input, output and prepared weights.
     pub workspace_bytes: usize,
-    /// The layout the node computes in (its output's).
-    pub layout: Layout,
+    /// The layout the node computes in (its output's): `NCHW`, `NCHW8c`
+    /// ([`Layout::name`]), or the operation's own (`NHWC`, see
+    /// [`Operation::own_layout`]).
+    pub layout: &'static str,
     /// The reorders made for this node before it runs (`'<producer>' ->
     /// NCHW8c`), or, for a graph output it produces, after the last node.
     pub reorders: Vec<String>,
@@ -467,7 +469,7 @@ impl Graph {
                     output_shape: shapes[node.output].clone(),
                     fused: fused_name(node.op.as_ref()),
                     workspace_bytes,
-                    layout,
+                    layout: node.op.own_layout().unwrap_or(layout.name()),
                     reorders,
                 })
             })
@@ -1296,7 +1298,7 @@ impl Graph {
                 r.name,
                 r.op,
                 r.algorithm,
-                r.layout.name(),
+                r.layout,
                 ins.join(", "),
                 shape_str(&r.output_shape)
             );

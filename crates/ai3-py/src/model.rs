@@ -207,7 +207,7 @@ impl Model {
                 d.set_item("output_shape", r.output_shape)?;
                 d.set_item("fused", r.fused)?;
                 d.set_item("workspace_bytes", r.workspace_bytes)?;
-                d.set_item("layout", r.layout.name())?;
+                d.set_item("layout", r.layout)?;
                 d.set_item("reorders", r.reorders)?;
                 Ok(d)
             })

@@ -1025,6 +1025,10 @@ impl Operation for ChannelsLast {
         self.conv.fused_activation()
     }
 
+    fn own_layout(&self) -> Option<&'static str> {
+        Some("NHWC")
+    }
+
     fn algorithm_for(&self, input_shape: &[usize]) -> Result<String> {
         self.conv.algorithm_for(&nhwc_dims(input_shape, true)?)
     }

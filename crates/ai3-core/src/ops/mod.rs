@@ -123,6 +123,13 @@ pub trait Operation: Send + Sync + fmt::Debug {
             "this operation has no channels-last kernel",
         ))
     }
+    /// The layout of the node's values when the operation itself fixes it
+    /// (`NHWC` for a channels-last convolution, whose shapes are `[n, h, w,
+    /// c]`), which summaries show instead of the planned one; by default
+    /// none.
+    fn own_layout(&self) -> Option<&'static str> {
+        None
+    }
     /// Whether this node can run on channel-blocked values for inputs of
     /// these (logical) shapes, and how (see [`crate::layout`]); by default not.
     fn blocked(&self, _inputs: &[&[usize]]) -> Blocked {
