@@ -69,6 +69,30 @@ pub(crate) fn lane_sum<T: Float>(x: &[T], f: impl Fn(T) -> f64) -> f64 {
     acc.iter().sum::<f64>() + rest
 }
 
+/// The sum of `f(v)` over `x` in f32, over 16 partial sums added pairwise
+/// at the end: [`lane_sum`] for sums that f32 holds well enough (a
+/// layer norm's rows), vectorised the same way.
+#[inline(always)]
+pub(crate) fn lane_sum_f32(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    const L: usize = 16;
+    let mut acc = [0.0f32; L];
+    let chunks = x.chunks_exact(L);
+    let rest: f32 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for c in chunks {
+        for i in 0..L {
+            acc[i] += f(c[i]);
+        }
+    }
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+    }
+    acc[0] + rest
+}
+
 impl Float for f32 {
     fn exp_in_place(xs: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]

@@ -366,15 +366,7 @@ impl Conv2d {
         &self,
         residual: Option<&'a [T]>,
     ) -> impl Fn(usize, &mut [T]) + Sync + 'a {
-        let activation = self.activation;
-        move |at: usize, s: &mut [T]| {
-            if let Some(r) = residual {
-                s.iter_mut().zip(&r[at..]).for_each(|(o, &r)| *o += r);
-            }
-            if let Some(a) = activation {
-                a.apply_serial(s)
-            }
-        }
+        super::residual_epilogue(residual, self.activation)
     }
 
     /// Runs the kernel of the algorithm `p` resolves to; `shape` is the

@@ -200,17 +200,9 @@ impl Operation for Linear {
                 let out = output.as_mut_slice::<f32>()?;
                 // The residual and the activation run on each finished
                 // block, still in cache.
-                let act = self.activation;
-                let fused = move |at: usize, run: &mut [f32]| {
-                    if let Some(r) = r {
-                        add_into(run, &r[at..at + run.len()]);
-                    }
-                    if let Some(a) = act {
-                        a.apply_serial::<f32>(run);
-                    }
-                };
-                let fused =
-                    (r.is_some() || act.is_some()).then_some(&fused as linear::packed::Epilogue);
+                let fused = super::residual_epilogue(r, self.activation);
+                let fused = (r.is_some() || self.activation.is_some())
+                    .then_some(&fused as linear::packed::Epilogue);
                 linear::packed::linear(&p, x.as_slice::<f32>()?, packed, out, fused);
                 return Ok(());
             }
@@ -255,20 +247,13 @@ impl Operation for Linear {
                 }
             }
             if let Some(r) = residual {
-                add_into(out, r.as_slice::<T>()?);
+                super::residual_epilogue(Some(r.as_slice::<T>()?), None)(0, out);
             }
             if let Some(a) = self.activation {
                 a.apply_inplace::<T>(out);
             }
         });
         Ok(())
-    }
-}
-
-/// `out += r`, element by element (`r` as long as `out`).
-fn add_into<T: ai3_kernels::Float>(out: &mut [T], r: &[T]) {
-    for (o, &r) in out.iter_mut().zip(r) {
-        *o += r;
     }
 }
 

@@ -262,6 +262,23 @@ pub(crate) fn with_residual<'a, T: ?Sized>(
     }
 }
 
+/// What a layer with a fused residual and activation applies to each
+/// finished run of its output, given the run's offset in the output: the
+/// residual's elements at that offset added, then the activation.
+pub(crate) fn residual_epilogue<'a, T: crate::dtype::Element>(
+    residual: Option<&'a [T]>,
+    activation: Option<ActivationKind>,
+) -> impl Fn(usize, &mut [T]) + Sync + 'a {
+    move |at: usize, s: &mut [T]| {
+        if let Some(r) = residual {
+            s.iter_mut().zip(&r[at..]).for_each(|(o, &r)| *o += r);
+        }
+        if let Some(a) = activation {
+            a.apply_serial(s)
+        }
+    }
+}
+
 /// Dimension `dim` of a tensor of rank `rank` (negative counts from the end,
 /// as in PyTorch), or an error naming the shape.
 pub(crate) fn normalize_dim(op: OpKind, dim: i64, rank: usize, shape: &[usize]) -> Result<usize> {

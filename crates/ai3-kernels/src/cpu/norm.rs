@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use crate::alloc::{check_len, KernelResult};
-use crate::float::lane_sum;
+use crate::float::{lane_sum, lane_sum_f32};
 use crate::isa::multiversion;
 use crate::Float;
 
@@ -162,29 +162,6 @@ unsafe fn layernorm_row_impl<T: Float>(
             }
         }
     }
-}
-
-/// The sum of `f(v)` over `x` in f32, over 16 partial sums added pairwise
-/// at the end: vectorised in a caller compiled for a vector ISA.
-#[inline(always)]
-fn lane_sum_f32(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    const L: usize = 16;
-    let mut acc = [0.0f32; L];
-    let chunks = x.chunks_exact(L);
-    let rest: f32 = chunks.remainder().iter().map(|&v| f(v)).sum();
-    for c in chunks {
-        for i in 0..L {
-            acc[i] += f(c[i]);
-        }
-    }
-    let mut w = L;
-    while w > 1 {
-        w /= 2;
-        for i in 0..w {
-            acc[i] += acc[i + w];
-        }
-    }
-    acc[0] + rest
 }
 
 #[cfg(test)]
