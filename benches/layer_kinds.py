@@ -21,9 +21,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_engines import _build  # noqa: E402
-
 
 def kind_and_flops(net, row: dict) -> tuple[str, float]:
     """The kind of a profiled node and its floating-point operations (0 if not
@@ -62,6 +59,11 @@ def main() -> None:
 
     import ai3
     import torch
+
+    # The shared network builder; the path is changed here, not on import, so that
+    # importing this module (the tests do) leaves sys.path alone.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compare_engines import _build
 
     torch.set_num_threads(args.threads)
     ai3.set_num_threads(args.threads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -10,8 +11,18 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
-import layer_kinds  # noqa: E402
+
+def _load(name: str):
+    """A script of benches/ as a module, without putting benches/ on sys.path (its
+    transformers.py would hide the transformers package from later tests)."""
+    path = Path(__file__).resolve().parents[1] / "benches" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"ai3_benches_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+layer_kinds = _load("layer_kinds")
 
 
 def test_layer_kinds_names_each_node_and_counts_its_flops_as_pytorch_does():
@@ -49,3 +60,9 @@ def test_layer_kinds_names_each_node_and_counts_its_flops_as_pytorch_does():
         else:
             assert flops == 0.0 and kind == row["op"].split("+")[0], row
     assert seen == want, rows
+
+
+def test_loading_the_bench_scripts_leaves_sys_path_alone():
+    before = list(sys.path)
+    _load("layer_kinds")
+    assert sys.path == before
