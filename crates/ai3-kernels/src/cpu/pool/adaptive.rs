@@ -31,6 +31,13 @@ where
 {
     p.check_buffers(input.len(), output.len())?;
     let (oh, ow) = (p.out_h, p.out_w);
+    if (oh, ow) == (p.in_h, p.in_w) {
+        // Every window is one value, which both the mean and the maximum
+        // return unchanged: a copy (AlexNet's 6x6 pool of its 6x6 maps read
+        // 0.14 ms at batch 1 a window at a time, ONNX Runtime's 0.03).
+        output.copy_from_slice(input);
+        return Ok(());
+    }
     let rows = try_table(oh, |y| bounds(y, p.in_h, oh))?;
     let cols = try_table(ow, |x| bounds(x, p.in_w, ow))?;
     for_each_plane(input, p.in_h * p.in_w, output, oh * ow, |src, dst| {
@@ -204,6 +211,15 @@ mod tests {
         let mut same = vec![f32::NAN; x.len()];
         adaptive_avgpool2d(&p, &x, &mut same).unwrap();
         assert_eq!(same, x);
+        // The same size is a copy for the maximum too, NaN and -0.0 kept.
+        let mut y = x.clone();
+        (y[5], y[7]) = (f32::NAN, -0.0);
+        let mut same = vec![1.0f32; y.len()];
+        adaptive_maxpool2d(&p, &y, &mut same).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&same), bits(&y));
+        // A buffer of the wrong length is still an error.
+        assert!(adaptive_maxpool2d(&p, &y[1..], &mut same).is_err());
     }
 
     #[test]
