@@ -316,6 +316,11 @@ unsafe fn reduce(t: &Tile<'_>, mut step: impl FnMut(*const f32, *const f32, usiz
                     for l in 0..CB {
                         step(xt, wt, l);
                     }
+                } else if lanes == 3 {
+                    // An RGB input layer's channels, unrolled too.
+                    for l in 0..3 {
+                        step(xt, wt, l);
+                    }
                 } else {
                     for l in 0..lanes {
                         step(xt, wt, l);
