@@ -299,7 +299,7 @@ pub(crate) mod avx2 {
             // (s + 1) * len) into accumulator set j = (s % U) * M + i for
             // row i; the steps past STREAMS * len go to set i.
             const STREAMS: usize = 4;
-            const { assert!(STREAMS % U == 0, "whole stretches per part") };
+            const { assert!(STREAMS.is_multiple_of(U), "whole stretches per part") };
             let len = t.kc / STREAMS;
             let whole = len * STREAMS;
             for k in 0..len {
