@@ -53,11 +53,22 @@ def test_linear(shape, bias, algo, dtype, path):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize(
     ("fin", "fout", "batch"),
-    [(1, 1, 1), (130, 67, 9), (300, 257, 4), (1030, 40, 1), (513, 20, 2), (50, 33, 130)],
+    [
+        (1, 1, 1),
+        (130, 67, 9),
+        (300, 257, 4),
+        (1030, 40, 1),
+        (513, 20, 2),
+        (3, 40, 1),
+        (5, 17, 2),
+        (50, 33, 130),
+    ],
 )
 def test_linear_sizes(fin, fout, batch, dtype, path):
     """Sizes that are not multiples of any plausible block size; one and two
-    rows (a batch through a classifier) and more rows than one task's block."""
+    rows (a batch through a classifier, its reduction read in four stretches:
+    long ones with a remainder, and ones shorter than four) and more rows
+    than one task's block."""
     check_layer("linear", nn.Linear(fin, fout), torch.randn(batch, fin), "gemm", path, dtype)
 
 
