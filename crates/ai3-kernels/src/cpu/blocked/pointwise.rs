@@ -326,7 +326,7 @@ fn run(
         .max((4 * threads).div_ceil(s.batch * groups));
     // A narrow layer (at most NARROW_BLOCKS output blocks) keeps its runs
     // long and always splits its reduction into chunks (see `chunk`).
-    let narrow = ocb <= NARROW_BLOCKS && sweep_bytes > 0 && !crate::isa::avx512();
+    let narrow = icb > 0 && ocb <= NARROW_BLOCKS && sweep_bytes > 0 && !crate::isa::avx512();
     // Otherwise runs short enough for their input to stay in L1 while each
     // tile of output blocks sweeps them, if that leaves a few tiles of
     // pixels a run.
@@ -393,7 +393,9 @@ fn run(
         let most = (sweep_bytes / (run_len * BLOCK * size_of::<f32>())).clamp(1, icb);
         icb.div_ceil(icb.div_ceil(most))
     };
-    let sweep = narrow || input_fits || weights_fit || chunk < icb;
+    // No input channel: each tile stores its bias (and the fused residual
+    // and clamp), which only the other order does without a chunk to sweep.
+    let sweep = icb > 0 && (narrow || input_fits || weights_fit || chunk < icb);
     let tasks = s.batch * groups * runs;
     let bias = &packed[ocb * w_stride..];
     let out = SharedMut(output.as_mut_ptr());
@@ -587,7 +589,7 @@ mod tests {
             assert!(ob.iter().all(|v| v.is_finite()), "{s:?}");
             let mut got = vec![0.0f32; want.len()];
             from_blocked(s.batch, s.out_channels, s.plane, &ob, &mut got).unwrap();
-            let tol = 1e-4 * (s.in_channels as f64).sqrt();
+            let tol = 1e-4 * (s.in_channels.max(1) as f64).sqrt();
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
@@ -631,6 +633,9 @@ mod tests {
             (1, 512, 16, 196),
             (2, 1000, 40, 49),
             (1, 968, 24, 14),
+            // No input channel: the output is the bias, fused or not.
+            (1, 0, 16, 49),
+            (2, 0, 72, 30),
             // A narrow layer (SqueezeNet's squeeze at batch 2): long runs,
             // its reduction in chunks.
             (2, 256, 32, 729),

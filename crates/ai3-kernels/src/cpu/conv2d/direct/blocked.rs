@@ -184,7 +184,7 @@ pub fn conv2d(
     let bias = &packed[ocb * w_stride..];
     let plane_in = p.in_h * p.in_w;
     let plane_out = oh * ow;
-    let last_lanes = p.in_channels - (icb - 1) * CB;
+    let last_lanes = p.in_channels - icb.saturating_sub(1) * CB;
     let block_tiles = tile::BlockTiles::new(ocb);
     let groups = block_tiles.count();
     let threads = threads_for_macs(p.macs());
@@ -233,7 +233,8 @@ pub fn conv2d(
                 let out = &out;
                 let (group, y) = (t / oh, t % oh);
                 let (ob, nob) = block_tiles.get(group);
-                let row = &buf[y * p.stride.0 * pw * px_in..];
+                // Empty without input channels (the tiles then read nothing).
+                let row = buf.get(y * p.stride.0 * pw * px_in..).unwrap_or_default();
                 // Channels of each output block of the tile.
                 let valid: [usize; OBT_MAX] =
                     std::array::from_fn(|o| CB.min(p.out_channels.saturating_sub((ob + o) * CB)));
@@ -296,6 +297,10 @@ fn pack_channels(p: &Conv2dParams, pw: usize, image: &[f32], buf: &mut [f32], pa
     debug_assert!(c < CB, "{c} channels are packed as blocks");
     let (top, left) = (p.padding.top, p.padding.left);
     let row_len = pw * c;
+    if row_len == 0 {
+        // No input channel (or column): nothing to copy.
+        return;
+    }
     let pack_row = |(y, row): (usize, &mut [f32])| {
         let Some(iy) = y.checked_sub(top).filter(|&iy| iy < p.in_h) else {
             row.fill(0.0);
@@ -472,6 +477,8 @@ mod tests {
             more(9, 24, (15, 17), 3, 2),
             more(3, 16, (23, 19), 7, 2),
             more(8, 8, (1, 20), 1, 1),
+            // No input channel: the output is the bias.
+            more(0, 12, (6, 5), 3, 1),
         ]);
         // Every channel count an NCHW input is interleaved for.
         cases.extend((1..CB).map(|c| more(c, 9 + c, (5 + c, 11 - c), 3, 1 + c % 2)));

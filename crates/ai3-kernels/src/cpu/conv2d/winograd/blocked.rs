@@ -702,7 +702,7 @@ mod tests {
             &mut packed,
         )
         .unwrap();
-        let tol = 1e-4 * (p.in_channels as f64 * 9.0).sqrt();
+        let tol = 1e-4 * (p.in_channels.max(1) as f64 * 9.0).sqrt();
         let check = |got: &[f32], layout: &str| {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
@@ -787,6 +787,8 @@ mod tests {
             params(1, 32, 40, (56, 56), Padding2d::symmetric(1, 1)),
             params(2, 24, 16, (30, 200), Padding2d::symmetric(1, 1)),
             params(10, 40, 48, (14, 14), Padding2d::symmetric(1, 1)),
+            // No input channel: the output is the bias.
+            params(2, 0, 12, (6, 5), Padding2d::symmetric(1, 1)),
         ] {
             seed += 1;
             case(&p, true, true, seed);
