@@ -13,9 +13,12 @@
 //! `sweep_input_bytes`), or where a tile of output blocks' weights fits
 //! there; a reduction too deep for either is split into chunks of input
 //! channels that fit, swept one after the other, each continuing the sums
-//! the last stored. Otherwise each tile of pixels is used by every block
-//! of the group while it is in L1. The fused epilogue (a residual, an
-//! activation) runs on each finished output strip.
+//! the last stored. A narrow layer (at most 64 output channels) keeps
+//! long runs and always sweeps its reduction in such chunks: its input
+//! meets few tiles of output blocks, so its first read is what counts.
+//! Otherwise each tile of pixels is used by every block of the group while
+//! it is in L1. The fused epilogue (a residual, an activation) runs on
+//! each finished output strip.
 //!
 //! A strided layer (ResNet's 1x1 stride-2 downsampling) first gathers the
 //! pixels it reads into a contiguous blocked copy (per-thread scratch, a
