@@ -386,15 +386,19 @@ fn run(
     // 144 -> 24 at 56x56 0.86x, 512 -> 64 at 13x13 0.97x; wider layers
     // measured 1.02-1.04x that way (576 -> 96 at 14x14, 1024 -> 256 at
     // 14x14, 2048 -> 512 at 7x7), so they keep the rules above.
-    let chunk = if narrow {
-        let per_block = (run_len + obt * BLOCK) * BLOCK * size_of::<f32>();
+    // Equal chunks of input blocks, as many as `sweep_bytes` needs when
+    // each block of a chunk takes `per_block` bytes (at least one block).
+    let chunks_of = |per_block: usize| {
         let most = (sweep_bytes / per_block).clamp(1, icb);
         icb.div_ceil(icb.div_ceil(most))
+    };
+    let px_block = run_len * BLOCK * size_of::<f32>();
+    let chunk = if narrow {
+        chunks_of(px_block + obt * BLOCK * BLOCK * size_of::<f32>())
     } else if input_fits || weights_fit || sweep_bytes == 0 || crate::isa::avx512() {
         icb
     } else {
-        let most = (sweep_bytes / (run_len * BLOCK * size_of::<f32>())).clamp(1, icb);
-        icb.div_ceil(icb.div_ceil(most))
+        chunks_of(px_block)
     };
     // No input channel: each tile stores its bias (and the fused residual
     // and clamp), which only the other order does without a chunk to sweep.
