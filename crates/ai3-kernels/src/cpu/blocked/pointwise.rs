@@ -18,7 +18,8 @@
 //! meets few tiles of output blocks, so its first read is what counts.
 //! Otherwise each tile of pixels is used by every block of the group while
 //! it is in L1. The fused epilogue (a residual, an activation) runs on
-//! each finished output strip.
+//! each finished output strip. On AVX-512 the weights are packed in pairs
+//! of output blocks (see [`pack`]), one zmm vector per input channel.
 //!
 //! A strided layer (ResNet's 1x1 stride-2 downsampling) first gathers the
 //! pixels it reads into a contiguous blocked copy (per-thread scratch, a
@@ -68,10 +69,14 @@ const SWEEP_L1_BYTES: usize = 28 << 10;
 /// at 56x56, 0.91x on 192 -> 64 at 28x28. Sweeping an input that does not
 /// fit L1 (a run of 40 or more input blocks read from L2, block by block,
 /// for each tile of output blocks) made some reductions slower when the
-/// tile's weights did not fit either. On AVX-512
-/// (whose tile is twice as wide and four times as tall) it is not
-/// measured: 0 keeps the order every measurement of that level was made
-/// with.
+/// tile's weights did not fit either. On AVX-512 (whose tile is twice as
+/// wide and four times as tall) sweeping, narrow layers' chunks included,
+/// lost: on an Intel Xeon with AVX-512 and a 48 KB L1 (the kernel alone,
+/// one thread, hot, 5 paired rounds over 35 MobileNetV2, ResNet-50 and
+/// SqueezeNet shapes) 1.045x the time with 28 KB, 1.024x with 40 KB
+/// (geometric means; narrow layers 1.07-1.15x), so 0 keeps the other order
+/// there. Prefetching the next tile of pixels' input while the current one
+/// runs measured 1.02-1.03x.
 fn sweep_input_bytes() -> usize {
     if crate::isa::avx512() {
         0
@@ -127,11 +132,25 @@ impl Pointwise {
     fn out_blocks(&self) -> usize {
         self.out_channels.div_ceil(BLOCK)
     }
+    /// Output blocks the packed weights hold: with [`paired`] weights,
+    /// an odd count's last pair is padded with a zero block.
+    fn packed_blocks(&self) -> usize {
+        if paired() {
+            self.out_blocks().next_multiple_of(2)
+        } else {
+            self.out_blocks()
+        }
+    }
+    /// Elements between the packed weights of consecutive output blocks, or
+    /// with [`paired`] weights, of consecutive pairs.
+    fn w_stride(&self) -> usize {
+        self.in_blocks() * BLOCK * if paired() { 2 * BLOCK } else { BLOCK }
+    }
     /// Elements of the packed weights and bias ([`pack`]).
     pub fn packed_len(&self) -> KernelResult<usize> {
         let w = checked_product(
             "packed 1x1 weights",
-            &[self.out_blocks(), self.in_blocks(), BLOCK, BLOCK],
+            &[self.packed_blocks(), self.in_blocks(), BLOCK, BLOCK],
         )?;
         w.checked_add(self.out_blocks() * BLOCK)
             .ok_or(crate::KernelError::Overflow {
@@ -146,9 +165,25 @@ impl Pointwise {
     }
 }
 
+/// Whether the packed weights hold output blocks in pairs: on AVX-512, whose
+/// register tile loads two blocks' weights as one zmm vector.
+fn paired() -> bool {
+    crate::isa::avx512()
+}
+
 /// Packs `weight` (`[out_channels, in_channels]`) and `bias` for
 /// [`conv2d`]: `[out_block][in_channel (padded to blocks)][8 output lanes]`,
-/// then the bias padded to whole blocks; the padding is zero.
+/// or on AVX-512 `[pair of out_blocks][in_channel][2][8 output lanes]`
+/// (each input channel's weights for two blocks side by side, one zmm
+/// vector, which the tile loads at once rather than as two halves and an
+/// insert), then the bias padded to whole blocks; the padding is zero. On
+/// an Intel Xeon with AVX-512 the pairs took 0.95x the time (geometric
+/// mean; 0.81-1.02x by shape) over 35 MobileNetV2, ResNet-50 and
+/// SqueezeNet shapes (the kernel alone, one thread, hot, 5 paired rounds),
+/// 0.98x on two threads with the buffers cold; end to end (two builds in
+/// their own processes, alternating turns, 6 rounds) mobilenet_v2 batch 1
+/// 0.92x and resnet50 0.98x. The layout is the CPU level's, which is fixed for the process
+/// ([`crate::isa::level`]).
 pub fn pack<T: crate::Float>(
     s: &Pointwise,
     weight: &[T],
@@ -161,13 +196,20 @@ pub fn pack<T: crate::Float>(
     }
     check_len("packed 1x1 weights", packed.len(), s.packed_len()?)?;
     let icp = s.in_blocks() * BLOCK;
-    let (w, b) = packed.split_at_mut(s.out_blocks() * icp * BLOCK);
+    let (w, b) = packed.split_at_mut(s.packed_blocks() * icp * BLOCK);
     w.fill(T::zero());
     b.fill(T::zero());
+    let w_stride = s.w_stride();
     for o in 0..s.out_channels {
         let (ob, l) = (o / BLOCK, o % BLOCK);
+        // Block ob's lane l for input channel 0, and the step to the next.
+        let (at, step) = if paired() {
+            ((ob / 2) * w_stride + (ob % 2) * BLOCK + l, 2 * BLOCK)
+        } else {
+            (ob * w_stride + l, BLOCK)
+        };
         for i in 0..s.in_channels {
-            w[(ob * icp + i) * BLOCK + l] = weight[o * s.in_channels + i];
+            w[at + i * step] = weight[o * s.in_channels + i];
         }
         if let Some(bias) = bias {
             b[o] = bias[o];
@@ -304,7 +346,11 @@ fn run(
     if s.batch == 0 || plane == 0 {
         return;
     }
-    let w_stride = icb * BLOCK * BLOCK;
+    let w_stride = s.w_stride();
+    // Output blocks a group starts on a multiple of: 2 where the weights
+    // are packed in pairs (a tile starts on a pair).
+    let unit = if paired() { 2 } else { 1 };
+    let units = ocb.div_ceil(unit);
     // Groups of output blocks whose weights fit GROUP_BYTES, and runs of
     // pixels, at least a few tasks per thread when the plane allows and as
     // many for every thread, each group and run as large as the others
@@ -317,7 +363,9 @@ fn run(
     let (obt, pt) = super::tile::shape();
     let task_pixels = TASK_TILES * pt;
     let threads = threads_for_macs(s.macs());
-    let mut groups = (ocb * w_stride * 4).div_ceil(GROUP_BYTES).clamp(1, ocb);
+    let mut groups = (ocb * icb * BLOCK * BLOCK * 4)
+        .div_ceil(GROUP_BYTES)
+        .clamp(1, units);
     if s.batch * plane.div_ceil(task_pixels) < 4 * threads {
         // Few pixels (7x7, 14x14 at batch 1): the groups are the tasks, as
         // many for every thread.
@@ -343,7 +391,10 @@ fn run(
     }
     let runs = runs.clamp(1, tiles);
     // Group g's blocks, run r's pixels.
-    let group_of = |g: usize| (g * ocb / groups, (g + 1) * ocb / groups);
+    let group_of = |g: usize| {
+        let edge = |g: usize| (g * units / groups * unit).min(ocb);
+        (edge(g), edge(g + 1))
+    };
     let run_of = |r: usize| {
         let (t0, t1) = (r * tiles / runs, (r + 1) * tiles / runs);
         (t0 * pt, (t1 * pt).min(plane))
@@ -404,7 +455,7 @@ fn run(
     // and clamp), which only the other order does without a chunk to sweep.
     let sweep = icb > 0 && (narrow || input_fits || weights_fit || chunk < icb);
     let tasks = s.batch * groups * runs;
-    let bias = &packed[ocb * w_stride..];
+    let bias = &packed[s.packed_blocks() * icb * BLOCK * BLOCK..];
     let out = SharedMut(output.as_mut_ptr());
     let task = |t: usize| {
         let out = &out;
@@ -424,8 +475,9 @@ fn run(
                 x.as_ptr().wrapping_add(p * BLOCK),
                 plane * BLOCK,
                 icb,
-                packed.as_ptr().wrapping_add(ob * w_stride),
+                packed.as_ptr().wrapping_add(ob / unit * w_stride),
                 w_stride,
+                paired(),
                 bias.as_ptr().wrapping_add(ob * BLOCK),
                 out.0.wrapping_add(at),
                 plane * BLOCK,
@@ -439,7 +491,7 @@ fn run(
                 },
             );
             t.x = t.x.wrapping_add(c0 * plane * BLOCK);
-            t.w = t.w.wrapping_add(c0 * BLOCK * BLOCK);
+            t.w = t.w.wrapping_add(c0 * BLOCK * BLOCK * unit);
             t.icb = c1 - c0;
             t.accumulate = c0 > 0;
             t
@@ -486,7 +538,8 @@ fn run(
 /// Where the register tiles ([`super::tile`]) of a 1x1 convolution read
 /// and write: `x` points at the first pixel in input block 0, with blocks
 /// `x_stride` apart (`icb` of them); `w` at the first output block's packed
-/// weights, blocks `w_stride` apart; `bias` at its bias; `out` at the first
+/// weights, blocks `w_stride` apart (pairs of blocks, where `w_pairs`,
+/// see [`super::tile::Tile::w_pairs`]); `bias` at its bias; `out` at the first
 /// pixel in the first output block, blocks `out_stride` apart; `fused`'s
 /// residual, if any, at the same place in its tensor (the rest of which
 /// follows).
@@ -498,6 +551,7 @@ pub(crate) fn tile(
     icb: usize,
     w: *const f32,
     w_stride: usize,
+    w_pairs: bool,
     bias: *const f32,
     out: *mut f32,
     out_stride: usize,
@@ -512,6 +566,7 @@ pub(crate) fn tile(
         step: BLOCK,
         w,
         w_stride,
+        w_pairs,
         bias,
         out,
         out_block: out_stride,
@@ -651,6 +706,9 @@ mod tests {
             // and 131 tiles of pixels in ten runs.
             (1, 960, 160, 49),
             (1, 32, 192, 784),
+            // An odd block count in groups: on AVX-512 (weights in pairs of
+            // blocks) the groups start on pairs, the last pair half padding.
+            (1, 1000, 136, 49),
         ]
         .map(plain);
         // Strided: ResNet's downsampling (even and odd planes), unequal

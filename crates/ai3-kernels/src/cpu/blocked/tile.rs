@@ -100,8 +100,14 @@ pub(crate) struct Tile<'a> {
     /// The first output block's packed weights: per input block, per tap,
     /// per input lane, 8 output lanes.
     pub w: *const f32,
-    /// Elements between output blocks' packed weights.
+    /// Elements between output blocks' packed weights; with `w_pairs`,
+    /// between pairs of blocks.
     pub w_stride: usize,
+    /// AVX-512 only: the packed weights hold blocks in pairs, the two
+    /// blocks' 8 output lanes side by side for each input lane (16 values,
+    /// one zmm load), pairs `w_stride` apart; a tile's first block is the
+    /// first of a pair. See [`super::pointwise::pack`].
+    pub w_pairs: bool,
     /// The first output block's bias (the next blocks' follow it).
     pub bias: *const f32,
     /// The first pixel of the first output block.
@@ -276,41 +282,47 @@ unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
 unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
     assert!(!t.accumulate, "the AVX-512 tile starts from the bias only");
     macro_rules! pixels {
-        ($z:literal, $packed:literal) => {
-            pixels!($z, $packed: 1 2 3 4 5 6 7 8 9 10 11 12)
+        ($z:literal, $packed:literal, $pairs:literal) => {
+            pixels!($z, $packed, $pairs: 1 2 3 4 5 6 7 8 9 10 11 12)
         };
-        ($z:literal, $packed:literal: $($p:literal)*) => {
+        ($z:literal, $packed:literal, $pairs:literal: $($p:literal)*) => {
             match np {
-                $($p => avx512::<$z, $p, $packed>(nob, t),)*
+                $($p => avx512::<$z, $p, $packed, $pairs>(nob, t),)*
                 _ => unreachable!("tile of {nob} blocks by {np} pixels"),
             }
         };
     }
     // SAFETY: the caller's contract, for the instance that matches.
     unsafe {
-        match (nob, t.step == CB) {
-            (3 | 4, true) => pixels!(2, true),
-            (1 | 2, true) => pixels!(1, true),
-            (3 | 4, false) => pixels!(2, false),
-            (1 | 2, false) => pixels!(1, false),
-            _ => unreachable!("tile of {nob} blocks by {np} pixels"),
+        match (nob, t.step == CB, t.w_pairs) {
+            (3 | 4, true, true) => pixels!(2, true, true),
+            (1 | 2, true, true) => pixels!(1, true, true),
+            (3 | 4, true, false) => pixels!(2, true, false),
+            (1 | 2, true, false) => pixels!(1, true, false),
+            (3 | 4, false, false) => pixels!(2, false, false),
+            (1 | 2, false, false) => pixels!(1, false, false),
+            _ => unreachable!("tile of {nob} blocks by {np} pixels (paired weights only packed)"),
         }
     }
 }
 
 /// Calls `step(xt, wt, l)` for every input lane `l` of every tap of every
-/// input block: `xt` the tap's first window pixel, `wt` its packed weights.
+/// input block: `xt` the tap's first window pixel, `wt` its packed weights
+/// (lane `l`'s at `l * 8` elements on, or `l * 16` with `t.w_pairs`).
 #[inline(always)]
 unsafe fn reduce(t: &Tile<'_>, mut step: impl FnMut(*const f32, *const f32, usize)) {
     let ntaps = t.taps.len();
+    // Elements of one input lane's weights for the tile's first block (or
+    // pair of blocks).
+    let wl = if t.w_pairs { 2 * CB } else { CB };
     // SAFETY (whole body): offsets inside the buffers the caller vouches for.
     unsafe {
         for b in 0..t.icb {
             let xb = t.x.add(b * t.x_block);
-            let wb = t.w.add(b * ntaps * CB * CB);
+            let wb = t.w.add(b * ntaps * CB * wl);
             let lanes = if b + 1 == t.icb { t.last_lanes } else { CB };
             for (k, &off) in t.taps.iter().enumerate() {
-                let (xt, wt) = (xb.add(off), wb.add(k * CB * CB));
+                let (xt, wt) = (xb.add(off), wb.add(k * CB * wl));
                 if lanes == CB {
                     // A whole block: a constant count the compiler unrolls.
                     for l in 0..CB {
@@ -634,10 +646,17 @@ unsafe fn half(v: __m512, h: usize) -> __m256 {
 /// constant offset from one pointer. With a run-time step each of the 12
 /// pixels took a register of its own, more than there are, and the loop
 /// reloaded spilled addresses from the stack at every step.
+///
+/// `PAIRS` ([`Tile::w_pairs`]): each zmm of weights is one load, rather
+/// than two half loads and an insert (a shuffle, on the port that also
+/// does half the FMAs on Intel's cores with two FMA units).
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn avx512<const Z: usize, const P: usize, const PACKED: bool>(nob: usize, t: &Tile<'_>) {
+unsafe fn avx512<const Z: usize, const P: usize, const PACKED: bool, const PAIRS: bool>(
+    nob: usize,
+    t: &Tile<'_>,
+) {
     let step = if PACKED { CB } else { t.step };
     let (hi0, hi1) = (1.min(nob - 1), 3.min(nob - 1));
     // SAFETY (whole body): reads and writes stay in the ranges the caller
@@ -650,11 +669,27 @@ unsafe fn avx512<const Z: usize, const P: usize, const PACKED: bool>(nob: usize,
             [_mm512_setzero_ps(); P]
         };
         reduce(t, |xt, wt, l| {
-            let w0 = pair(wt.add(l * CB), t.w_stride, 0, hi0);
-            let w1 = if Z == 2 {
-                pair(wt.add(l * CB), t.w_stride, 2, hi1)
+            let (w0, w1) = if PAIRS {
+                let w = wt.add(l * 2 * CB);
+                let w0 = _mm512_loadu_ps(w);
+                (
+                    w0,
+                    if Z == 2 {
+                        _mm512_loadu_ps(w.add(t.w_stride))
+                    } else {
+                        w0
+                    },
+                )
             } else {
-                w0
+                let w0 = pair(wt.add(l * CB), t.w_stride, 0, hi0);
+                (
+                    w0,
+                    if Z == 2 {
+                        pair(wt.add(l * CB), t.w_stride, 2, hi1)
+                    } else {
+                        w0
+                    },
+                )
             };
             for p in 0..P {
                 let xv = _mm512_set1_ps(*xt.add(p * step + l));

@@ -257,6 +257,7 @@ pub fn conv2d(
                             step: p.stride.1 * px_in,
                             w: packed.as_ptr().add(ob * w_stride),
                             w_stride,
+                            w_pairs: false,
                             bias: bias.as_ptr().add(ob * CB),
                             out: out.0.add(at),
                             out_block,

@@ -362,6 +362,7 @@ unsafe fn block<const M: usize, const N: usize>(
                         icb,
                         packed.as_ptr().add((xi * ocb + ob) * w_stride),
                         w_stride,
+                        false,
                         ZEROS.as_ptr(),
                         m.0.add(xi * m_stride + ob * nt * CB),
                         nt * CB,
