@@ -31,6 +31,63 @@ use crate::Float;
 /// Channels per block: the lanes of one AVX2 f32 vector.
 pub const BLOCK: usize = 8;
 
+/// Where the blocked convolutions' packed weights put each value: per
+/// output block, `rows` vectors of [`BLOCK`] output lanes (one per input
+/// lane of each tap of each input block), or on AVX-512 per pair of output
+/// blocks, each row the two blocks' lanes side by side (16 values, one zmm
+/// load for the register tile rather than two halves and an insert; see
+/// [`tile::Tile::w_pairs`]). An odd block count's last pair is half zero
+/// padding. The layout follows the CPU level, which is fixed for the
+/// process ([`crate::isa::level`]), and the layer's shape, so packing and
+/// running agree.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PackedWeights {
+    /// Output blocks.
+    pub blocks: usize,
+    /// Rows of weights per output block.
+    pub rows: usize,
+    /// Whether blocks are packed in pairs.
+    pub pairs: bool,
+}
+
+impl PackedWeights {
+    /// The layout for `blocks` output blocks of `rows` rows: in pairs on
+    /// AVX-512 where the kernel asks for them (`paired`).
+    pub fn new(blocks: usize, rows: usize, paired: bool) -> Self {
+        Self {
+            blocks,
+            rows,
+            pairs: paired && crate::isa::avx512(),
+        }
+    }
+    /// Output blocks packed a unit (a tile's first block is a multiple).
+    pub fn unit(&self) -> usize {
+        if self.pairs {
+            2
+        } else {
+            1
+        }
+    }
+    /// Elements of the weights (without the bias that follows them).
+    pub fn len(&self) -> usize {
+        self.blocks.next_multiple_of(self.unit()) * self.rows * BLOCK
+    }
+    /// Elements between units (blocks, or pairs of them).
+    pub fn stride(&self) -> usize {
+        self.unit() * self.rows * BLOCK
+    }
+    /// Where output block `ob`'s weights start (`ob` a multiple of the
+    /// unit).
+    pub fn start(&self, ob: usize) -> usize {
+        ob / self.unit() * self.stride()
+    }
+    /// The offset of row `row`, output lane `lane` of output block `ob`.
+    pub fn at(&self, ob: usize, row: usize, lane: usize) -> usize {
+        let u = self.unit();
+        (ob / u * self.rows + row) * u * BLOCK + ob % u * BLOCK + lane
+    }
+}
+
 /// Elements below which a reorder or pool stays on the calling thread.
 const SERIAL_ELEMENTS: usize = 1 << 16;
 

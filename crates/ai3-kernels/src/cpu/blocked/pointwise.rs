@@ -31,7 +31,7 @@
 use crate::alloc::{check_len, checked_product, KernelResult};
 use crate::cpu::conv2d::Epilogue;
 
-use super::{Fused, BLOCK};
+use super::{Fused, PackedWeights, BLOCK};
 
 /// Register tiles per task, at most, along the pixels.
 const TASK_TILES: usize = 16;
@@ -132,25 +132,21 @@ impl Pointwise {
     fn out_blocks(&self) -> usize {
         self.out_channels.div_ceil(BLOCK)
     }
-    /// Output blocks the packed weights hold: with [`paired`] weights,
-    /// an odd count's last pair is padded with a zero block.
-    fn packed_blocks(&self) -> usize {
-        if paired() {
-            self.out_blocks().next_multiple_of(2)
-        } else {
-            self.out_blocks()
-        }
-    }
-    /// Elements between the packed weights of consecutive output blocks, or
-    /// with [`paired`] weights, of consecutive pairs.
-    fn w_stride(&self) -> usize {
-        self.in_blocks() * BLOCK * if paired() { 2 * BLOCK } else { BLOCK }
+    /// The packed weights' layout: a row per input channel (padded to
+    /// blocks).
+    fn weights(&self) -> PackedWeights {
+        PackedWeights::new(self.out_blocks(), self.in_blocks() * BLOCK, true)
     }
     /// Elements of the packed weights and bias ([`pack`]).
     pub fn packed_len(&self) -> KernelResult<usize> {
         let w = checked_product(
             "packed 1x1 weights",
-            &[self.packed_blocks(), self.in_blocks(), BLOCK, BLOCK],
+            &[
+                self.out_blocks().next_multiple_of(self.weights().unit()),
+                self.in_blocks(),
+                BLOCK,
+                BLOCK,
+            ],
         )?;
         w.checked_add(self.out_blocks() * BLOCK)
             .ok_or(crate::KernelError::Overflow {
@@ -165,18 +161,13 @@ impl Pointwise {
     }
 }
 
-/// Whether the packed weights hold output blocks in pairs: on AVX-512, whose
-/// register tile loads two blocks' weights as one zmm vector.
-fn paired() -> bool {
-    crate::isa::avx512()
-}
-
 /// Packs `weight` (`[out_channels, in_channels]`) and `bias` for
 /// [`conv2d`]: `[out_block][in_channel (padded to blocks)][8 output lanes]`,
 /// or on AVX-512 `[pair of out_blocks][in_channel][2][8 output lanes]`
-/// (each input channel's weights for two blocks side by side, one zmm
-/// vector, which the tile loads at once rather than as two halves and an
-/// insert), then the bias padded to whole blocks; the padding is zero. On
+/// ([`PackedWeights`]: each input channel's weights for two blocks side by
+/// side, one zmm vector, which the tile loads at once rather than as two
+/// halves and an insert), then the bias padded to whole blocks; the
+/// padding is zero. On
 /// an Intel Xeon with AVX-512 the pairs took 0.95x the time (geometric
 /// mean; 0.81-1.02x by shape) over 35 MobileNetV2, ResNet-50 and
 /// SqueezeNet shapes (the kernel alone, one thread, hot, 5 paired rounds),
@@ -195,21 +186,14 @@ pub fn pack<T: crate::Float>(
         check_len("1x1 bias", b.len(), s.out_channels)?;
     }
     check_len("packed 1x1 weights", packed.len(), s.packed_len()?)?;
-    let icp = s.in_blocks() * BLOCK;
-    let (w, b) = packed.split_at_mut(s.packed_blocks() * icp * BLOCK);
+    let layout = s.weights();
+    let (w, b) = packed.split_at_mut(layout.len());
     w.fill(T::zero());
     b.fill(T::zero());
-    let w_stride = s.w_stride();
     for o in 0..s.out_channels {
         let (ob, l) = (o / BLOCK, o % BLOCK);
-        // Block ob's lane l for input channel 0, and the step to the next.
-        let (at, step) = if paired() {
-            ((ob / 2) * w_stride + (ob % 2) * BLOCK + l, 2 * BLOCK)
-        } else {
-            (ob * w_stride + l, BLOCK)
-        };
         for i in 0..s.in_channels {
-            w[at + i * step] = weight[o * s.in_channels + i];
+            w[layout.at(ob, i, l)] = weight[o * s.in_channels + i];
         }
         if let Some(bias) = bias {
             b[o] = bias[o];
@@ -346,10 +330,11 @@ fn run(
     if s.batch == 0 || plane == 0 {
         return;
     }
-    let w_stride = s.w_stride();
-    // Output blocks a group starts on a multiple of: 2 where the weights
-    // are packed in pairs (a tile starts on a pair).
-    let unit = if paired() { 2 } else { 1 };
+    let layout = s.weights();
+    let w_stride = layout.stride();
+    // A group starts on a unit of the packed weights (a tile on a pair,
+    // where they are packed in pairs).
+    let unit = layout.unit();
     let units = ocb.div_ceil(unit);
     // Groups of output blocks whose weights fit GROUP_BYTES, and runs of
     // pixels, at least a few tasks per thread when the plane allows and as
@@ -455,7 +440,7 @@ fn run(
     // and clamp), which only the other order does without a chunk to sweep.
     let sweep = icb > 0 && (narrow || input_fits || weights_fit || chunk < icb);
     let tasks = s.batch * groups * runs;
-    let bias = &packed[s.packed_blocks() * icb * BLOCK * BLOCK..];
+    let bias = &packed[layout.len()..];
     let out = SharedMut(output.as_mut_ptr());
     let task = |t: usize| {
         let out = &out;
@@ -475,9 +460,9 @@ fn run(
                 x.as_ptr().wrapping_add(p * BLOCK),
                 plane * BLOCK,
                 icb,
-                packed.as_ptr().wrapping_add(ob / unit * w_stride),
+                packed.as_ptr().wrapping_add(layout.start(ob)),
                 w_stride,
-                paired(),
+                layout.pairs,
                 bias.as_ptr().wrapping_add(ob * BLOCK),
                 out.0.wrapping_add(at),
                 plane * BLOCK,

@@ -252,6 +252,7 @@ unsafe fn row_avx2(nob: usize, np: usize, t: &Tile<'_>) {
 
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
+    debug_assert!(!t.w_pairs, "weights are packed in pairs for AVX-512 only");
     macro_rules! dispatch {
         ($($ob:literal, $p:literal);*) => {
             match (nob, np) {
@@ -301,7 +302,7 @@ unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
             (1 | 2, true, false) => pixels!(1, true, false),
             (3 | 4, false, false) => pixels!(2, false, false),
             (1 | 2, false, false) => pixels!(1, false, false),
-            _ => unreachable!("tile of {nob} blocks by {np} pixels (paired weights only packed)"),
+            _ => unreachable!("tile of {nob} blocks by {np} pixels (pairs only one pixel apart)"),
         }
     }
 }
