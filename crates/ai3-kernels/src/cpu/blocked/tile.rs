@@ -98,7 +98,7 @@ pub(crate) struct Tile<'a> {
     /// Elements between the windows of consecutive output pixels.
     pub step: usize,
     /// The first output block's packed weights: per input block, per tap,
-    /// per input lane, 8 output lanes.
+    /// per input lane, 8 output lanes (16, the pair's, with `w_pairs`).
     pub w: *const f32,
     /// Elements between output blocks' packed weights; with `w_pairs`,
     /// between pairs of blocks.
@@ -106,7 +106,7 @@ pub(crate) struct Tile<'a> {
     /// AVX-512 only: the packed weights hold blocks in pairs, the two
     /// blocks' 8 output lanes side by side for each input lane (16 values,
     /// one zmm load), pairs `w_stride` apart; a tile's first block is the
-    /// first of a pair. See [`super::pointwise::pack`].
+    /// first of a pair. See [`super::PackedWeights`].
     pub w_pairs: bool,
     /// The first output block's bias (the next blocks' follow it).
     pub bias: *const f32,
