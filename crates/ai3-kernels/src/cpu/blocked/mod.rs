@@ -73,11 +73,13 @@ impl PackedWeights {
         self.blocks.next_multiple_of(self.unit()) * self.rows * BLOCK
     }
     /// Elements between units (blocks, or pairs of them).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn stride(&self) -> usize {
         self.unit() * self.rows * BLOCK
     }
     /// Where output block `ob`'s weights start (`ob` a multiple of the
     /// unit).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn start(&self, ob: usize) -> usize {
         ob / self.unit() * self.stride()
     }

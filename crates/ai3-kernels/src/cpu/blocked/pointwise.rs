@@ -164,7 +164,7 @@ impl Pointwise {
 /// Packs `weight` (`[out_channels, in_channels]`) and `bias` for
 /// [`conv2d`]: `[out_block][in_channel (padded to blocks)][8 output lanes]`,
 /// or on AVX-512 `[pair of out_blocks][in_channel][2][8 output lanes]`
-/// ([`PackedWeights`]: each input channel's weights for two blocks side by
+/// (`PackedWeights`: each input channel's weights for two blocks side by
 /// side, one zmm vector, which the tile loads at once rather than as two
 /// halves and an insert), then the bias padded to whole blocks; the
 /// padding is zero. On

@@ -83,7 +83,7 @@ pub fn packed_len(p: &Conv2dParams) -> KernelResult<usize> {
 
 /// Packs `weight` (`[out][in][kh][kw]`, one group) and `bias` for
 /// [`conv2d`]: per output block (or pair of them on AVX-512, see
-/// [`PackedWeights`]), per input block, tap and input lane, the block's 8
+/// `PackedWeights`), per input block, tap and input lane, the block's 8
 /// output lanes; then the bias. Lanes past the channel counts are zero.
 pub fn pack(
     p: &Conv2dParams,
