@@ -255,7 +255,7 @@ fn winograd_preferred(problem: &Problem) -> bool {
 /// DenseNet's dense blocks run blocked from end to end: densenet121 0.92x
 /// the time with them on Winograd at batch 1, 0.93x at batch 10 (own
 /// processes, alternating). Left to the others: 256 -> 256 at 14x14 (1.33
-/// against 0.92), 1x1 strided layers on AVX2 (see
+/// against 0.92), 1x1 strided layers (see
 /// [`strided_blocked_direct`], which once left the 3x3 ones out too: 128
 /// -> 128 stride 2 at 56x56 measured 1.76 against GEMM's 1.70 before the
 /// tile's later changes), RGB input layers (3 -> 32 3x3 stride 2 0.35
@@ -280,20 +280,27 @@ fn blocked_direct_preferred(p: &Conv2dParams, dtype: DType) -> bool {
 }
 
 /// Whether a strided layer goes to the blocked direct kernel: 3x3 ones
-/// (ResNet's stride-2 layers) on AVX2, and with AVX-512, whose register
-/// tile (4 blocks of 8 output channels by 12 pixels, two blocks per zmm
-/// register) is twice the AVX2 one's, also ResNet's 1x1 stride-2
-/// downsampling. Measured on resnet50 (Zen 5, AVX-512, 2 threads, its 3x3
-/// and 1x1 stride-2 layers, which then also keep the blocked layout, each
-/// build in its own process, alternating): 0.94x the time at batch 1,
-/// 0.90-0.97x at batch 10. On AVX2 (Zen 4, 2 threads, batch 1, in the
-/// network) its 3x3 stride-2 layers took 1.49, 1.56 and 1.77 ms against
+/// (ResNet's stride-2 layers), and with AVX-512, whose register tile (4
+/// blocks of 8 output channels by 12 pixels, two blocks per zmm register)
+/// is twice the AVX2 one's, every other kernel larger than 1x1 (ConvNeXt's
+/// 2x2 downsampling). On AVX2 (Zen 4, 2 threads, batch 1, in the network)
+/// resnet50's 3x3 stride-2 layers took 1.49, 1.56 and 1.77 ms against
 /// 1.87, 1.85 and 2.12 on GEMM (which also needs them reordered to NCHW
-/// and back); its 1x1 stride-2 layers 1.74, 1.68 and 1.69 ms against 1.55,
-/// 1.46 and 1.81, so there they stay on GEMM, whose blocked 1x1 kernel
-/// takes strides too.
+/// and back). Strided 1x1 layers stay on GEMM, whose blocked 1x1 kernel
+/// gathers the pixels they read and keeps the blocked layout: on AVX2
+/// (the same run) resnet50's took 1.55, 1.46 and 1.81 ms there against
+/// 1.74, 1.68 and 1.69 on the direct kernel; on an Intel Xeon with
+/// AVX-512 (2 threads, the network profiled, weights in pairs, two runs
+/// each) 0.87-0.91, 0.90-0.95 and 1.23-1.25 ms against 1.73-1.80,
+/// 1.09-1.11 and 1.21 at batch 1, and 8.6-8.7, 9.1-9.5 and 9.3-9.5
+/// against 17.1-17.8, 11.5-12.1 and 10.4-10.8 at batch 10. (On a Zen 5
+/// with AVX-512, before the 1x1 kernel took strides on channel blocks,
+/// the direct kernel had won there.) End to end on that Xeon (two builds
+/// in their own processes, alternating): resnet50 0.95x the time at batch
+/// 1, 0.88x at batch 10.
 fn strided_blocked_direct(p: &Conv2dParams) -> bool {
-    p.stride != (1, 1) && (ai3_kernels::isa::avx512() || (p.kernel_h, p.kernel_w) == (3, 3))
+    let k = (p.kernel_h, p.kernel_w);
+    p.stride != (1, 1) && (k == (3, 3) || (ai3_kernels::isa::avx512() && k != (1, 1)))
 }
 
 /// Most output channels of a 3x3 layer that the blocked direct kernel runs
@@ -1080,11 +1087,14 @@ mod tests {
         let thin_stride_1 = if blocked { Algorithm::Direct } else { thin };
         assert_eq!(pick(f32_conv(16, 3, 1, 1)).unwrap(), thin_stride_1);
         // Strided 3x3 layers with 16 inputs or more go to direct's channel
-        // blocks where the CPU has them; 1x1 ones (ResNet's downsampling)
-        // with AVX-512 only.
-        for (k, avx512_only) in [(3, false), (1, true)] {
-            let strided = direct::runs_blocked::<f32>(&conv_params())
-                && (!avx512_only || ai3_kernels::isa::avx512());
+        // blocks where the CPU has them, 2x2 ones with AVX-512 only, 1x1
+        // ones (ResNet's downsampling) never: GEMM's blocked 1x1 kernel.
+        let blocked = direct::runs_blocked::<f32>(&conv_params());
+        for (k, strided) in [
+            (3, blocked),
+            (2, blocked && ai3_kernels::isa::avx512()),
+            (1, false),
+        ] {
             let on_direct = pick(f32_conv(64, k, 2, 1)).unwrap() == Algorithm::Direct;
             assert_eq!(on_direct, strided, "{k}x{k} stride 2");
         }
