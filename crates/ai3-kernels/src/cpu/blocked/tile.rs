@@ -283,29 +283,51 @@ unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
 unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
     assert!(!t.accumulate, "the AVX-512 tile starts from the bias only");
     macro_rules! pixels {
-        ($z:literal, $packed:literal, $pairs:literal) => {
-            pixels!($z, $packed, $pairs: 1 2 3 4 5 6 7 8 9 10 11 12)
+        ($z:literal, $step:expr, $pairs:literal) => {
+            pixels!($z, $step, $pairs: 1 2 3 4 5 6 7 8 9 10 11 12)
         };
-        ($z:literal, $packed:literal, $pairs:literal: $($p:literal)*) => {
+        ($z:literal, $step:expr, $pairs:literal: $($p:literal)*) => {
             match np {
-                $($p => avx512::<$z, $p, $packed, $pairs>(nob, t),)*
+                $($p => avx512::<$z, $p, { $step }, $pairs>(nob, t),)*
                 _ => unreachable!("tile of {nob} blocks by {np} pixels"),
             }
         };
     }
+    // The steps between windows with instances of their own (see
+    // `avx512`): stride 1 and 2 on whole input blocks, an RGB input's
+    // stride 2 and 4 (3 values a pixel); any other step is read at run
+    // time, and only without pairs.
     // SAFETY: the caller's contract, for the instance that matches.
     unsafe {
-        match (nob, t.step == CB, t.w_pairs) {
-            (3 | 4, true, true) => pixels!(2, true, true),
-            (1 | 2, true, true) => pixels!(1, true, true),
-            (3 | 4, true, false) => pixels!(2, true, false),
-            (1 | 2, true, false) => pixels!(1, true, false),
-            (3 | 4, false, false) => pixels!(2, false, false),
-            (1 | 2, false, false) => pixels!(1, false, false),
-            _ => unreachable!("tile of {nob} blocks by {np} pixels (pairs only one pixel apart)"),
+        match (nob, t.step, t.w_pairs) {
+            (3 | 4, CB, true) => pixels!(2, CB, true),
+            (1 | 2, CB, true) => pixels!(1, CB, true),
+            (3 | 4, CB, false) => pixels!(2, CB, false),
+            (1 | 2, CB, false) => pixels!(1, CB, false),
+            (3 | 4, STRIDE_2, true) => pixels!(2, STRIDE_2, true),
+            (1 | 2, STRIDE_2, true) => pixels!(1, STRIDE_2, true),
+            (3 | 4, STRIDE_2, false) => pixels!(2, STRIDE_2, false),
+            (1 | 2, STRIDE_2, false) => pixels!(1, STRIDE_2, false),
+            (3 | 4, RGB_STRIDE_2, false) => pixels!(2, RGB_STRIDE_2, false),
+            (1 | 2, RGB_STRIDE_2, false) => pixels!(1, RGB_STRIDE_2, false),
+            (3 | 4, RGB_STRIDE_4, false) => pixels!(2, RGB_STRIDE_4, false),
+            (1 | 2, RGB_STRIDE_4, false) => pixels!(1, RGB_STRIDE_4, false),
+            (3 | 4, _, false) => pixels!(2, 0, false),
+            (1 | 2, _, false) => pixels!(1, 0, false),
+            _ => unreachable!(
+                "tile of {nob} blocks by {np} pixels (pairs only with a step of 1 or 2 blocks)"
+            ),
         }
     }
 }
+
+/// The step between windows of a stride-2 layer on whole input blocks.
+const STRIDE_2: usize = 2 * CB;
+/// The step between windows of a stride-2 layer reading an RGB image in
+/// place (3 values a pixel: `direct::blocked`'s compact copy).
+const RGB_STRIDE_2: usize = 6;
+/// As [`RGB_STRIDE_2`] at stride 4 (ConvNeXt's 4x4 stem).
+const RGB_STRIDE_4: usize = 12;
 
 /// Calls `step(xt, wt, l)` for every input lane `l` of every tap of every
 /// input block: `xt` the tap's first window pixel, `wt` its packed weights
@@ -642,11 +664,17 @@ unsafe fn half(v: __m512, h: usize) -> __m256 {
 /// not stored. The two rows of sums are separate arrays, each indexed by
 /// constants only, so that they stay in registers.
 ///
-/// `PACKED`: the windows of consecutive pixels are one pixel apart (`t.step`
-/// is a block: 1x1 and stride-1 layers), so every pixel's value is at a
-/// constant offset from one pointer. With a run-time step each of the 12
-/// pixels took a register of its own, more than there are, and the loop
-/// reloaded spilled addresses from the stack at every step.
+/// `STEP`: the elements between the windows of consecutive pixels when it
+/// is a constant (0: `t.step`, read at run time), so that every pixel's
+/// value is at a constant offset from one pointer. With a run-time step
+/// each of the 12 pixels took a register of its own, more than there are,
+/// and the loop reloaded spilled addresses from the stack at every step:
+/// on an Intel Xeon with AVX-512 (the direct kernel alone, one thread,
+/// hot, 5 paired rounds) constant steps took 0.49x the time on ResNet's
+/// 7x7 stride-2 RGB stem, 0.54-0.56x on 3x3 stride-2 RGB stems, 0.49x on
+/// ConvNeXt's 4x4 stride-4 one (63 against 127 GFLOP/s, two runs),
+/// 0.74-0.95x on stride-2 3x3 layers of 128
+/// to 512 channels and 0.93x on ConvNeXt's 2x2 stride-2 downsampling.
 ///
 /// `PAIRS` ([`Tile::w_pairs`]): each zmm of weights is one load, rather
 /// than two half loads and an insert (a shuffle, on the port that also
@@ -654,11 +682,11 @@ unsafe fn half(v: __m512, h: usize) -> __m256 {
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn avx512<const Z: usize, const P: usize, const PACKED: bool, const PAIRS: bool>(
+unsafe fn avx512<const Z: usize, const P: usize, const STEP: usize, const PAIRS: bool>(
     nob: usize,
     t: &Tile<'_>,
 ) {
-    let step = if PACKED { CB } else { t.step };
+    let step = if STEP > 0 { STEP } else { t.step };
     let (hi0, hi1) = (1.min(nob - 1), 3.min(nob - 1));
     // SAFETY (whole body): reads and writes stay in the ranges the caller
     // vouches for (blocks below nob).

@@ -45,20 +45,24 @@ fn blocks(c: usize) -> usize {
 
 /// The packed weights' layout: a row per input lane of each tap of each
 /// input block; in pairs of output blocks on AVX-512 for layers whose tiles
-/// read windows one pixel apart (stride 1 across, whole input blocks).
+/// read whole input blocks with windows one or two pixels apart (stride 1
+/// or 2 across), for which the AVX-512 tile has instances with the step
+/// between windows a constant.
 ///
 /// Measured on an Intel Xeon with AVX-512 (the kernel alone, one thread,
 /// hot, 5 paired rounds): pairs took 0.89-0.98x the time on stride-1 3x3
 /// layers (128 -> 128 at 28x28 0.91x, 256 -> 256 at 14x14 0.94x, 32 -> 48
-/// at 28x28 0.89x; 64 -> 64 at 56x56 1.04x) and 0.88-0.93x on strided ones
-/// with rows of at most 14 output pixels, but 1.38x on 128 -> 128 at
-/// 56x56 stride 2 (rows of 28 pixels, tiles of 9 and 10 with a run-time
-/// step), so strided layers keep single blocks.
+/// at 28x28 0.89x; 64 -> 64 at 56x56 1.04x); on stride-2 ones 0.87x on 128
+/// -> 128 at 56x56 (0.90x at batch 10), 0.89x on ConvNeXt's 2x2
+/// downsampling 96 -> 192 at 56x56, 0.99-1.00x on 256 -> 256 at 28x28 and
+/// 512 -> 512 at 14x14. (With the step a run-time value, before the tile
+/// had constant-step instances for stride 2, pairs had read 1.38x on 128
+/// -> 128 at 56x56.)
 fn weights(p: &Conv2dParams) -> PackedWeights {
     PackedWeights::new(
         blocks(p.out_channels),
         blocks(p.in_channels) * p.kernel_h * p.kernel_w * CB,
-        p.stride.1 == 1 && p.in_channels >= CB,
+        matches!(p.stride.1, 1 | 2) && p.in_channels >= CB,
     )
 }
 
@@ -505,6 +509,21 @@ mod tests {
             more(16, 36, (8, 8), 3, 1),
             // No input channel: the output is the bias.
             more(0, 12, (6, 5), 3, 1),
+            // The AVX-512 tile's constant steps: stride 2 on blocks with
+            // rows of several full tiles (weights in pairs), an RGB input
+            // at stride 4; stride 3 reads its step at run time.
+            more(16, 40, (6, 52), 3, 2),
+            more(3, 24, (16, 37), 4, 4),
+            more(16, 24, (7, 31), 3, 3),
+            // Stride 2 across only (pairs), and down only (none).
+            Conv2dParams {
+                stride: (1, 2),
+                ..more(12, 20, (5, 30), 3, 1)
+            },
+            Conv2dParams {
+                stride: (2, 1),
+                ..more(12, 20, (9, 14), 3, 1)
+            },
         ]);
         // Every channel count an NCHW input is interleaved for.
         cases.extend((1..CB).map(|c| more(c, 9 + c, (5 + c, 11 - c), 3, 1 + c % 2)));
