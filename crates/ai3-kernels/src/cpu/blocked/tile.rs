@@ -128,9 +128,9 @@ pub(crate) struct Tile<'a> {
     /// Blocked output only: the bounds the sums are clamped to, after the
     /// residual, before they are stored (ReLU, ReLU6; NaN passes through).
     pub clamp: Option<(f32, f32)>,
-    /// Blocked output on AVX2 only: the sums start from the output's
-    /// values rather than from the bias (a reduction split over input
-    /// channels, continued). The AVX-512 tile refuses it.
+    /// Blocked output only: the sums start from the output's values rather
+    /// than from the bias (a reduction split over input channels,
+    /// continued).
     pub accumulate: bool,
 }
 
@@ -281,7 +281,10 @@ unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
-    assert!(!t.accumulate, "the AVX-512 tile starts from the bias only");
+    assert!(
+        t.blocked || !t.accumulate,
+        "a reduction is continued from a blocked output only"
+    );
     macro_rules! pixels {
         ($z:literal, $step:expr, $pairs:literal) => {
             pixels!($z, $step, $pairs: 1 2 3 4 5 6 7 8 9 10 11 12)
@@ -691,9 +694,18 @@ unsafe fn avx512<const Z: usize, const P: usize, const STEP: usize, const PAIRS:
     // SAFETY (whole body): reads and writes stay in the ranges the caller
     // vouches for (blocks below nob).
     unsafe {
-        let mut a0 = [pair(t.bias, CB, 0, hi0); P];
+        // The sums start from the bias, or from what the output holds (a
+        // reduction continued, see `Tile::accumulate`).
+        let start = |lo: usize, hi: usize| -> [__m512; P] {
+            if t.accumulate {
+                std::array::from_fn(|p| pair(t.out.add(p * CB), t.out_block, lo, hi))
+            } else {
+                [pair(t.bias, CB, lo, hi); P]
+            }
+        };
+        let mut a0 = start(0, hi0);
         let mut a1 = if Z == 2 {
-            [pair(t.bias, CB, 2, hi1); P]
+            start(2, hi1)
         } else {
             [_mm512_setzero_ps(); P]
         };
