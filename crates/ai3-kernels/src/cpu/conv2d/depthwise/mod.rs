@@ -600,8 +600,9 @@ mod tests {
                     if mult == 1 {
                         // Whole channel blocks, as channels-last input needs:
                         // one block, and two; with AVX-512 (stride 1) one
-                        // vector, three, and two groups of five.
-                        for c in [8, 16, 48, 160] {
+                        // vector, three, two groups of five, and groups of
+                        // five and four (each a plane per vector).
+                        for c in [8, 16, 48, 160, 144] {
                             let p = Conv2dParams {
                                 in_channels: c,
                                 out_channels: c,

@@ -7,9 +7,23 @@
 //! no shuffles. A task takes a band of output rows of one image and up to
 //! [`MAX_GROUP`] of its channels: it copies the band's input rows, those
 //! channels only, into a zero-padded buffer (so no pixel needs bounds
-//! checks, whatever the plane's width), then runs [`R`] output pixels of a
-//! row in registers at a time. Each tap row's `R + K - 1` input vectors are
-//! loaded once and serve all `K` taps of that row.
+//! checks, whatever the plane's width), each vector of 16 channels as a
+//! plane of its own, then computes one vector's output rows after the
+//! other, [`R`] output pixels of a row in registers at a time. Each tap
+//! row's `R + K - 1` input vectors are loaded once and serve all `K` taps
+//! of that row; the vector's `K` rows of input that a row of output reads
+//! are contiguous (`K` times the padded width, 64 bytes a pixel: 27 KB at
+//! 56 pixels plus padding), so they stay in L1 for the next output row,
+//! which reads `K - 1` of them again.
+//!
+//! Measured on an Intel Xeon with AVX-512 (the kernel alone, two threads,
+//! 7 paired rounds, ConvNeXt's four 7x7 shapes at batch 10 and 1), the
+//! planes and the vector-first order took 0.91x the time (geometric mean)
+//! of one buffer of interleaved pixels computed row by row (every vector of
+//! a row, then the next row), which read each output row's input from L2:
+//! 768 channels at 7x7, batch 10, 0.80x; 384 at 14x14 0.93x; 96 at 56x56
+//! 0.91x. The vector-first order on the interleaved buffer took
+//! 0.92-0.96x (two runs).
 //!
 //! The AVX2 path ([`super::blocked`]) runs 8 channels a register, a block at
 //! a time over the whole plane. ConvNeXt's layers, batch 10, 2 threads,
@@ -35,26 +49,13 @@ const V: usize = 16;
 /// Output pixels accumulated in registers at once.
 const R: usize = 8;
 
-/// Channels per task, at most: the buffer's pixels are this many channels.
+/// Channels per task, at most: its buffer holds a plane per vector of them.
 const MAX_GROUP: usize = 128;
 
 /// Bytes of padded input rows a task copies, at most (half a core's L2). A
 /// band's first `kh - 1` rows are copied for its windows only, so short
 /// bands copy much more than they compute on.
 const BAND_BYTES: usize = 512 * 1024;
-
-/// Elements between a buffer's pixels, for `cg` channels: `cg`, plus a
-/// vector when `cg` is a multiple of 4 cache lines. Then the pixels a run
-/// reads fall in a quarter or less of L1's sets (at 128 channels, 512 bytes
-/// apart, one set in eight) and evict each other: 768 channels 7x7, batch
-/// 10, 0.41 -> 0.33 ms; 384 channels 14x14 0.62 -> 0.35 ms.
-fn pixel_stride(cg: usize) -> usize {
-    if (cg / V).is_multiple_of(4) {
-        cg + V
-    } else {
-        cg
-    }
-}
 
 /// Whether [`conv2d`] takes `p` (a depthwise layer with multiplier 1, the
 /// caller checks): AVX-512F here, stride and dilation 1, a 3-, 5- or 7-wide
@@ -86,7 +87,7 @@ impl Split {
         // Equal groups, each a whole number of vectors.
         let group = (c / V).div_ceil(groups) * V;
         let groups = c.div_ceil(group);
-        let row_bytes = p.padded_w() * pixel_stride(group) * size_of::<f32>();
+        let row_bytes = p.padded_w() * group * size_of::<f32>();
         let oh = p.out_h();
         let most = (BAND_BYTES / row_bytes.max(1))
             .saturating_sub(p.kernel_h - 1)
@@ -127,7 +128,7 @@ pub(super) fn conv2d(
     let split = &split;
     let taps = p.kernel_h * p.kernel_w;
     let rows = split.band + p.kernel_h - 1;
-    let buf_len = rows * p.padded_w() * pixel_stride(split.group);
+    let buf_len = rows * p.padded_w() * split.group;
     let scratch_len = buf_len + (taps + 1) * split.group;
     let out = SharedMut(output.as_mut_ptr());
     let out = &out;
@@ -185,8 +186,9 @@ fn gather_weights(p: &Conv2dParams, packed: &[f32], c0: usize, cg: usize, dst: &
 }
 
 /// Copies padded input rows `rows.start .. rows.end + kh - 1` of image `n`,
-/// channels `c0..c0 + cg`, into `buf` (`padded_w` pixels a row,
-/// [`pixel_stride`] apart), zeros where the padding is.
+/// channels `c0..c0 + cg`, into `buf`, zeros where the padding is: each
+/// vector of [`V`] channels as a plane of its own (`kh - 1 + rows.len()`
+/// rows of `padded_w` pixels of `V` values), the planes one after the other.
 fn gather_rows(
     p: &Conv2dParams,
     input: &[f32],
@@ -197,30 +199,38 @@ fn gather_rows(
     buf: &mut [f32],
 ) {
     let c = p.in_channels;
-    let (pw, ps) = (p.padded_w(), pixel_stride(cg));
-    let (left, right) = (p.padding.left * ps, (pw - p.padding.left - p.in_w) * ps);
+    let pw = p.padded_w();
+    let (left, width) = (p.padding.left * V, p.in_w * V);
     let image = &input[n * p.in_h * p.in_w * c..][..p.in_h * p.in_w * c];
     let count = rows.len() + p.kernel_h - 1;
-    for (i, dst) in buf.chunks_exact_mut(pw * ps).take(count).enumerate() {
-        let iy = (rows.start + i) as isize - p.padding.top as isize;
-        if iy < 0 || iy >= p.in_h as isize {
-            dst.fill(0.0);
-            continue;
-        }
-        let src = &image[iy as usize * p.in_w * c..][..p.in_w * c];
-        let (pad_l, rest) = dst.split_at_mut(left);
-        let (mid, pad_r) = rest.split_at_mut(p.in_w * ps);
-        pad_l.fill(0.0);
-        pad_r[..right].fill(0.0);
-        for (d, s) in mid.chunks_exact_mut(ps).zip(src.chunks_exact(c)) {
-            d[..cg].copy_from_slice(&s[c0..c0 + cg]);
+    for (j, plane) in buf
+        .chunks_exact_mut(count * pw * V)
+        .take(cg / V)
+        .enumerate()
+    {
+        let lanes = c0 + j * V;
+        for (i, dst) in plane.chunks_exact_mut(pw * V).enumerate() {
+            let iy = (rows.start + i) as isize - p.padding.top as isize;
+            if iy < 0 || iy >= p.in_h as isize {
+                dst.fill(0.0);
+                continue;
+            }
+            let src = &image[iy as usize * p.in_w * c..][..p.in_w * c];
+            let (pad_l, rest) = dst.split_at_mut(left);
+            let (mid, pad_r) = rest.split_at_mut(width);
+            pad_l.fill(0.0);
+            pad_r.fill(0.0);
+            for (d, s) in mid.chunks_exact_mut(V).zip(src.chunks_exact(c)) {
+                d.copy_from_slice(&s[lanes..lanes + V]);
+            }
         }
     }
 }
 
 /// Output rows `0..rows` of a band of `cg` channels from its padded input
-/// rows `buf`, into `out` (the band's first pixel, channel `c0`;
-/// pixels `out_channels` apart).
+/// rows `buf` (a plane per vector of channels), into `out` (the band's
+/// first pixel, channel `c0`; pixels `out_channels` apart): all the rows
+/// of one vector, then the next vector's.
 ///
 /// # Safety
 /// AVX-512F; `buf` as [`gather_rows`] fills it, `weights` as
@@ -236,22 +246,23 @@ unsafe fn band_k<const K: usize>(
     out: *mut f32,
 ) {
     let (ow, c, kh) = (p.out_w(), p.out_channels, p.kernel_h);
-    let row = p.padded_w() * pixel_stride(cg);
+    let row = p.padded_w() * V;
+    let plane = (rows + kh - 1) * row;
     let taps = kh * K;
     let (bp, wp) = (buf.as_ptr(), weights.as_ptr());
     // SAFETY (whole body): output pixel x of row y reads buffer rows y ..
     // y + kh, pixels x .. x + K (inside the padded rows), and writes its
     // `cg` channels in `out`.
     unsafe {
-        for y in 0..rows {
-            for v in (0..cg).step_by(V) {
+        for v in (0..cg).step_by(V) {
+            for y in 0..rows {
                 let bias = _mm512_loadu_ps(wp.add(taps * cg + v));
-                let src = bp.add(y * row + v);
+                let src = bp.add((v / V) * plane + y * row);
                 let dst = out.add(y * ow * c + v);
                 let at = Run {
                     src,
                     row,
-                    pixel: pixel_stride(cg),
+                    pixel: V,
                     tap: cg,
                     weights: wp.add(v),
                     kh,
