@@ -183,6 +183,29 @@ def test_runs_that_do_not_pay_stay_nchw():
     assert set(layouts(model, tuple(x.shape)).values()) == {"NCHW"}
 
 
+@pytest.mark.parametrize(
+    "c_in, c_out, hw, alone_blocked",
+    [
+        # Wide and small (ResNet's deep 1x1 layers): blocked alone on AVX-512.
+        (256, 512, 14, True),
+        (512, 256, 7, True),
+        # Narrow (MobileNet's projections), or a large plane: NCHW.
+        (96, 576, 14, False),
+        (256, 256, 28, False),
+    ],
+)
+def test_a_1x1_layer_alone_runs_blocked_where_it_pays(c_in, c_out, hw, alone_blocked):
+    # One 1x1 convolution between NCHW input and output (a swapped layer):
+    # with AVX-512 the blocked kernel beats the NCHW GEMM by more than the
+    # two reorders cost on wide layers of small planes only.
+    net = nn.Sequential(nn.Conv2d(c_in, c_out, 1)).eval()
+    x = torch.randn(1, c_in, hw, hw)
+    model = ai3.convert(net)
+    assert_close(model(x), reference(net, x))
+    want = "NCHW8c" if alone_blocked and _core.cpu_isa() == "avx512" else "NCHW"
+    assert set(layouts(model, tuple(x.shape)).values()) == {want}
+
+
 def test_explicit_algorithms_are_honoured():
     # 'smm' for the 1x1 layers: no blocked kernel implements it, so they run
     # NCHW; the depthwise layer ('default' -> direct) alone does not pay.

@@ -478,6 +478,28 @@ fn pointwise_shape(p: &Conv2dParams) -> Option<Pointwise> {
 /// (112x112) are not measured.
 const POINTWISE_GAIN_PLANE: usize = 3136;
 
+/// Output planes up to which, on AVX-512, the blocked 1x1 kernel is
+/// counted as saving more than the reorders into and out of its blocks
+/// cost, so that a 1x1 layer alone among NCHW operations (a swapped layer,
+/// a graph's only convolution) runs blocked too. On an Intel Xeon with
+/// AVX-512 (ResNet-50's 1x1 layers at batch 1, each swapped alone with
+/// the reorders, alternating with `nn.Conv2d` in one process, 2 threads):
+/// at 7x7 and 14x14 0.78-1.10x PyTorch's time blocked against 1.04-1.26x
+/// in NCHW (512 -> 2048 at 7x7 0.86x against 1.19x, 1024 -> 512 at 14x14
+/// 1.06x against 1.26x; 1024 -> 256 1.09x either way); at 28x28 mixed
+/// (1.07-1.11x against 0.96-1.17x), at 56x56 slower (0.81-1.22x against
+/// 0.71-1.03x). Narrower layers lost (see [`POINTWISE_ALONE_CHANNELS`]).
+const POINTWISE_ALONE_PLANE: usize = 196;
+
+/// Channels, in and out, below which a 1x1 layer alone stays NCHW whatever
+/// its plane ([`POINTWISE_ALONE_PLANE`]): with every 1x1 layer of 7x7 and
+/// 14x14 planes blocked, swapped mobilenet_v2 and efficientnet_b0 at batch
+/// 1 (their projections and expansions of 96-192 channels to 576-1152)
+/// took 1.09x and 1.16x the time end to end (8 paired rounds), while
+/// resnet50's (256 to 2048 channels) took 0.98x at batch 1 and 0.96x at
+/// batch 10.
+const POINTWISE_ALONE_CHANNELS: usize = 256;
+
 impl Conv2d {
     /// The blocked kernel that computes `p` for this layer, if any: the
     /// depthwise or channel-block path of `'direct'`, the blocked kernel of
@@ -514,7 +536,12 @@ impl Conv2d {
                 let plane = p.out_h() * p.out_w();
                 Some((
                     Algorithm::Gemm,
-                    if plane <= POINTWISE_GAIN_PLANE {
+                    if plane <= POINTWISE_ALONE_PLANE
+                        && p.in_channels.min(p.out_channels) >= POINTWISE_ALONE_CHANNELS
+                        && ai3_kernels::isa::avx512()
+                    {
+                        2 * numel_in.saturating_add(numel_out)
+                    } else if plane <= POINTWISE_GAIN_PLANE {
                         numel_out
                     } else {
                         0
