@@ -540,7 +540,7 @@ impl Conv2d {
                         && p.in_channels.min(p.out_channels) >= POINTWISE_ALONE_CHANNELS
                         && ai3_kernels::isa::avx512()
                     {
-                        2 * numel_in.saturating_add(numel_out)
+                        numel_in.saturating_add(numel_out).saturating_mul(2)
                     } else if plane <= POINTWISE_GAIN_PLANE {
                         numel_out
                     } else {

@@ -440,18 +440,17 @@ fn run(
     // 144 -> 24 at 56x56 0.86x, 512 -> 64 at 13x13 0.97x; wider layers
     // measured 1.02-1.04x that way (576 -> 96 at 14x14, 1024 -> 256 at
     // 14x14, 2048 -> 512 at 7x7), so they keep the rules above.
-    // Equal chunks of input blocks, as many as `sweep_bytes` needs when
-    // each block of a chunk takes `per_block` bytes (at least one block).
-    let chunks_of = |per_block: usize| {
-        let most = (sweep_bytes / per_block).clamp(1, icb);
-        icb.div_ceil(icb.div_ceil(most))
-    };
+    // Input blocks of each of the equal chunks the reduction splits into,
+    // a chunk at most `most` blocks (at least one).
+    let equal_chunks = |most: usize| icb.div_ceil(icb.div_ceil(most.max(1)).max(1));
+    // As many chunks as `sweep_bytes` needs when each block of a chunk
+    // takes `per_block` bytes.
+    let chunks_of = |per_block: usize| equal_chunks(sweep_bytes / per_block);
     let px_block = run_len * BLOCK * size_of::<f32>();
     let chunk = if narrow {
         chunks_of(px_block + obt * BLOCK * BLOCK * size_of::<f32>())
     } else if crate::isa::avx512() {
-        // Equal chunks of at most AVX512_CHUNK_BLOCKS.
-        icb.div_ceil(icb.div_ceil(AVX512_CHUNK_BLOCKS).max(1))
+        equal_chunks(AVX512_CHUNK_BLOCKS)
     } else if input_fits || weights_fit || sweep_bytes == 0 {
         icb
     } else {

@@ -296,30 +296,31 @@ unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
             }
         };
     }
+    // One or two zmm rows of sums by the tile's block count.
+    macro_rules! blocks {
+        ($step:expr, $pairs:literal) => {
+            match nob {
+                3 | 4 => pixels!(2, $step, $pairs),
+                1 | 2 => pixels!(1, $step, $pairs),
+                _ => unreachable!("tile of {nob} blocks by {np} pixels"),
+            }
+        };
+    }
     // The steps between windows with instances of their own (see
     // `avx512`): stride 1 and 2 on whole input blocks, an RGB input's
     // stride 2 and 4 (3 values a pixel); any other step is read at run
     // time, and only without pairs.
     // SAFETY: the caller's contract, for the instance that matches.
     unsafe {
-        match (nob, t.step, t.w_pairs) {
-            (3 | 4, CB, true) => pixels!(2, CB, true),
-            (1 | 2, CB, true) => pixels!(1, CB, true),
-            (3 | 4, CB, false) => pixels!(2, CB, false),
-            (1 | 2, CB, false) => pixels!(1, CB, false),
-            (3 | 4, STRIDE_2, true) => pixels!(2, STRIDE_2, true),
-            (1 | 2, STRIDE_2, true) => pixels!(1, STRIDE_2, true),
-            (3 | 4, STRIDE_2, false) => pixels!(2, STRIDE_2, false),
-            (1 | 2, STRIDE_2, false) => pixels!(1, STRIDE_2, false),
-            (3 | 4, RGB_STRIDE_2, false) => pixels!(2, RGB_STRIDE_2, false),
-            (1 | 2, RGB_STRIDE_2, false) => pixels!(1, RGB_STRIDE_2, false),
-            (3 | 4, RGB_STRIDE_4, false) => pixels!(2, RGB_STRIDE_4, false),
-            (1 | 2, RGB_STRIDE_4, false) => pixels!(1, RGB_STRIDE_4, false),
-            (3 | 4, _, false) => pixels!(2, 0, false),
-            (1 | 2, _, false) => pixels!(1, 0, false),
-            _ => unreachable!(
-                "tile of {nob} blocks by {np} pixels (pairs only with a step of 1 or 2 blocks)"
-            ),
+        match (t.step, t.w_pairs) {
+            (CB, true) => blocks!(CB, true),
+            (CB, false) => blocks!(CB, false),
+            (STRIDE_2, true) => blocks!(STRIDE_2, true),
+            (STRIDE_2, false) => blocks!(STRIDE_2, false),
+            (RGB_STRIDE_2, false) => blocks!(RGB_STRIDE_2, false),
+            (RGB_STRIDE_4, false) => blocks!(RGB_STRIDE_4, false),
+            (_, false) => blocks!(0, false),
+            (_, true) => unreachable!("weights in pairs only with a step of 1 or 2 blocks"),
         }
     }
 }
