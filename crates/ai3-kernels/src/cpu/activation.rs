@@ -231,7 +231,7 @@ pub fn vectorised_f32_serial(data: &mut [f32], act: Vectorised) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa::avx512() {
         // SAFETY: avx512f is available.
-        unsafe { vector::apply(data, act) };
+        unsafe { apply_avx512(data, act) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -243,9 +243,238 @@ pub fn vectorised_f32_serial(data: &mut [f32], act: Vectorised) {
     data.iter_mut().for_each(|x| *x = act.scalar(*x));
 }
 
-/// `act` over `data` in place: [`side_by_side`] vectors of 8 lanes at a
-/// time ([`act8`]), then single vectors, the tail through a zero-padded
-/// vector.
+/// The vector operations the activations' formulas take, on 8 lanes
+/// (`__m256`, AVX2 and FMA) or 16 (`__m512`, AVX-512F), so that one set of
+/// formulas ([`act_lanes`]) serves both levels. Every method is one
+/// instruction or two and `#[inline(always)]`, without `#[target_feature]`:
+/// each inlines into the `#[target_feature]` entry point that calls it
+/// ([`apply_avx2`], [`apply_avx512`]), the only places they run.
+///
+/// # Safety
+/// Every method needs the CPU level of its type.
+#[cfg(target_arch = "x86_64")]
+trait Lanes: Copy {
+    /// Lanes of a vector.
+    const LEN: usize;
+    unsafe fn splat(v: f32) -> Self;
+    /// `LEN` values from `p`.
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    /// The first `len < LEN` values from `p`, the other lanes zero.
+    unsafe fn load_first(p: *const f32, len: usize) -> Self;
+    /// Stores the first `len < LEN` lanes at `p`.
+    unsafe fn store_first(self, p: *mut f32, len: usize);
+    unsafe fn add(self, o: Self) -> Self;
+    unsafe fn sub(self, o: Self) -> Self;
+    unsafe fn mul(self, o: Self) -> Self;
+    unsafe fn div(self, o: Self) -> Self;
+    /// `self * b + c`, fused.
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self;
+    /// The smaller; `o` where either is NaN.
+    unsafe fn min(self, o: Self) -> Self;
+    /// The larger; `o` where either is NaN.
+    unsafe fn max(self, o: Self) -> Self;
+    /// To the nearest integer.
+    unsafe fn round(self) -> Self;
+    /// The integer lanes of the same width.
+    type Int: Copy;
+    /// [`EXP2_EIGHTHS`], indexed by the low 3 bits of a lane ([`Lanes::permute`]).
+    unsafe fn eighths() -> Self;
+    /// To integers, rounding to the nearest.
+    unsafe fn to_int(self) -> Self::Int;
+    /// `table`'s lane `k & 7` in each lane ([`Lanes::eighths`]'s layout).
+    unsafe fn permute(table: Self, k: Self::Int) -> Self;
+    /// `(k >> 3) << 23`: `2^(k >> 3)` as an addend to a float's exponent bits.
+    unsafe fn exponent_bits(k: Self::Int) -> Self::Int;
+    /// `e` added to the lanes' bits.
+    unsafe fn add_bits(self, e: Self::Int) -> Self;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for std::arch::x86_64::__m256 {
+    const LEN: usize = 8;
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        unsafe { std::arch::x86_64::_mm256_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn load_first(p: *const f32, len: usize) -> Self {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: the caller's `len` values at `p`, into 8 lanes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, lanes.as_mut_ptr(), len.min(8));
+            Self::load(lanes.as_ptr())
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_first(self, p: *mut f32, len: usize) {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: 8 lanes out, the caller's `len` of them to `p`.
+        unsafe {
+            self.store(lanes.as_mut_ptr());
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), p, len.min(8));
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm256_add_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn sub(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm256_sub_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn mul(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm256_mul_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn div(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm256_div_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm256_fmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn min(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm256_min_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn max(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm256_max_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn round(self) -> Self {
+        use std::arch::x86_64::*;
+        unsafe { _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(self) }
+    }
+    type Int = std::arch::x86_64::__m256i;
+    #[inline(always)]
+    unsafe fn eighths() -> Self {
+        unsafe { Self::load(EXP2_EIGHTHS.as_ptr()) }
+    }
+    #[inline(always)]
+    unsafe fn to_int(self) -> Self::Int {
+        unsafe { std::arch::x86_64::_mm256_cvtps_epi32(self) }
+    }
+    #[inline(always)]
+    unsafe fn permute(table: Self, k: Self::Int) -> Self {
+        unsafe { std::arch::x86_64::_mm256_permutevar8x32_ps(table, k) }
+    }
+    #[inline(always)]
+    unsafe fn exponent_bits(k: Self::Int) -> Self::Int {
+        use std::arch::x86_64::*;
+        unsafe { _mm256_slli_epi32::<23>(_mm256_srai_epi32::<3>(k)) }
+    }
+    #[inline(always)]
+    unsafe fn add_bits(self, e: Self::Int) -> Self {
+        use std::arch::x86_64::*;
+        unsafe { _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(self), e)) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for std::arch::x86_64::__m512 {
+    const LEN: usize = 16;
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        unsafe { std::arch::x86_64::_mm512_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { std::arch::x86_64::_mm512_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn load_first(p: *const f32, len: usize) -> Self {
+        // SAFETY: the mask covers the caller's `len` values.
+        unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(first_lanes(len), p) }
+    }
+    #[inline(always)]
+    unsafe fn store_first(self, p: *mut f32, len: usize) {
+        // SAFETY: the mask covers the caller's `len` values.
+        unsafe { std::arch::x86_64::_mm512_mask_storeu_ps(p, first_lanes(len), self) }
+    }
+    #[inline(always)]
+    unsafe fn add(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm512_add_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn sub(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm512_sub_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn mul(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm512_mul_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn div(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm512_div_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm512_fmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn min(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm512_min_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn max(self, o: Self) -> Self {
+        unsafe { std::arch::x86_64::_mm512_max_ps(self, o) }
+    }
+    #[inline(always)]
+    unsafe fn round(self) -> Self {
+        use std::arch::x86_64::*;
+        unsafe { _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(self) }
+    }
+    type Int = std::arch::x86_64::__m512i;
+    #[inline(always)]
+    unsafe fn eighths() -> Self {
+        // The eighths in both halves, so the permute's fourth index bit does
+        // not matter.
+        unsafe { Self::load(EXP2_EIGHTHS_TWICE.as_ptr()) }
+    }
+    #[inline(always)]
+    unsafe fn to_int(self) -> Self::Int {
+        unsafe { std::arch::x86_64::_mm512_cvtps_epi32(self) }
+    }
+    #[inline(always)]
+    unsafe fn permute(table: Self, k: Self::Int) -> Self {
+        unsafe { std::arch::x86_64::_mm512_permutexvar_ps(k, table) }
+    }
+    #[inline(always)]
+    unsafe fn exponent_bits(k: Self::Int) -> Self::Int {
+        use std::arch::x86_64::*;
+        unsafe { _mm512_slli_epi32::<23>(_mm512_srai_epi32::<3>(k)) }
+    }
+    #[inline(always)]
+    unsafe fn add_bits(self, e: Self::Int) -> Self {
+        use std::arch::x86_64::*;
+        unsafe { _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(self), e)) }
+    }
+}
+
+/// The mask of the first `len` of 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn first_lanes(len: usize) -> std::arch::x86_64::__mmask16 {
+    ((1u32 << len.min(16)) - 1) as std::arch::x86_64::__mmask16
+}
+
+/// `act` over `data` in place with AVX2 and FMA ([`apply_lanes`] on 8
+/// lanes).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
@@ -253,24 +482,56 @@ pub fn vectorised_f32_serial(data: &mut [f32], act: Vectorised) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn apply_avx2(data: &mut [f32], act: Vectorised) {
     // SAFETY: the caller's promise.
+    unsafe { apply_lanes::<std::arch::x86_64::__m256>(data, act) }
+}
+
+/// `act` over `data` in place with AVX-512 ([`apply_lanes`] on 16 lanes).
+/// Before it shared AVX2's formulas, this level computed exact GELU with
+/// Abramowitz and Stegun's `erf` and a full `exp` (two divisions a vector)
+/// and the logistic forms with that `exp`, one vector at a time: on a Zen
+/// 4 (one thread, in L1, the faster of 5 runs each) the shared formulas
+/// took 0.65x the time on exact GELU, 0.73x on tanh-GELU, SiLU and
+/// sigmoid, and a 1x1 layer's SiLU epilogue (EfficientNet's expansions,
+/// two threads) added 22% to the convolution's time where it had added
+/// 31% (geometric means over seven shapes).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn apply_avx512(data: &mut [f32], act: Vectorised) {
+    // SAFETY: the caller's promise.
+    unsafe { apply_lanes::<std::arch::x86_64::__m512>(data, act) }
+}
+
+/// `act` over `data` in place: [`side_by_side`] vectors at a time
+/// ([`act_lanes`]), then single vectors, then the tail in one vector
+/// (zero-padded). Inlined into the `#[target_feature]` entry points.
+///
+/// # Safety
+/// The CPU has `V`'s level.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn apply_lanes<V: Lanes>(data: &mut [f32], act: Vectorised) {
+    // SAFETY: the caller's promise.
     unsafe {
         match side_by_side(act) {
-            3 => apply_avx2_by::<3>(data, act),
-            _ => apply_avx2_by::<2>(data, act),
+            3 => apply_by::<V, 3>(data, act),
+            _ => apply_by::<V, 2>(data, act),
         }
     }
 }
 
-/// Vectors [`apply_avx2`] computes side by side for `act`, each step of
+/// Vectors [`apply_lanes`] computes side by side for `act`, each step of
 /// the formula applied to all of them before the next, so that their
 /// dependency chains (a polynomial's FMAs, a division) interleave: one
 /// vector's chain at a time left Zen 1's pipes waiting on latencies, its
 /// scheduler holding too few of the next vector's operations to fill them.
-/// Measured there (one thread, in L1, ns an element against one vector at
-/// a time): exact GELU 1.80 -> 1.30 by two, 1.15 by three, 1.16 by four;
-/// SiLU 0.95 -> 0.91 by two, 0.95-0.98 by three or four; tanh-GELU 1.25
-/// -> 1.16 by two, then (with [`one_plus_exp_neg8`]'s table) 0.92x that by
-/// three.
+/// Measured there (AVX2, one thread, in L1, ns an element against one
+/// vector at a time): exact GELU 1.80 -> 1.30 by two, 1.15 by three, 1.16
+/// by four; SiLU 0.95 -> 0.91 by two, 0.95-0.98 by three or four;
+/// tanh-GELU 1.25 -> 1.16 by two, then (with [`one_plus_exp_neg`]'s table)
+/// 0.92x that by three.
 #[cfg(target_arch = "x86_64")]
 fn side_by_side(act: Vectorised) -> usize {
     match act {
@@ -279,44 +540,40 @@ fn side_by_side(act: Vectorised) -> usize {
     }
 }
 
-/// [`apply_avx2`] with `N` vectors side by side.
+/// [`apply_lanes`] with `N` vectors side by side.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA.
+/// The CPU has `V`'s level.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn apply_avx2_by<const N: usize>(data: &mut [f32], act: Vectorised) {
-    use std::arch::x86_64::*;
-    let mut groups = data.chunks_exact_mut(8 * N);
+#[inline(always)]
+unsafe fn apply_by<V: Lanes, const N: usize>(data: &mut [f32], act: Vectorised) {
+    let mut groups = data.chunks_exact_mut(V::LEN * N);
     for c in &mut groups {
-        // SAFETY: c holds 8 * N values; the CPU has AVX2 and FMA (the
+        // SAFETY: c holds LEN * N values; the CPU has V's level (the
         // caller's promise).
         unsafe {
             let p = c.as_mut_ptr();
-            let v = act8::<N>(each(|i| _mm256_loadu_ps(p.add(8 * i))), act);
+            let v = act_lanes::<V, N>(each(|i| V::load(p.add(V::LEN * i))), act);
             for (i, v) in v.into_iter().enumerate() {
-                _mm256_storeu_ps(p.add(8 * i), v);
+                v.store(p.add(V::LEN * i));
             }
         }
     }
-    let mut chunks = groups.into_remainder().chunks_exact_mut(8);
+    let mut chunks = groups.into_remainder().chunks_exact_mut(V::LEN);
     for c in &mut chunks {
-        // SAFETY: c holds 8 values; as above.
+        // SAFETY: c holds LEN values; as above.
         unsafe {
-            let [v] = act8::<1>([_mm256_loadu_ps(c.as_ptr())], act);
-            _mm256_storeu_ps(c.as_mut_ptr(), v);
+            let [v] = act_lanes::<V, 1>([V::load(c.as_ptr())], act);
+            v.store(c.as_mut_ptr());
         }
     }
     let tail = chunks.into_remainder();
     if !tail.is_empty() {
-        let mut lanes = [0.0f32; 8];
-        lanes[..tail.len()].copy_from_slice(tail);
-        // SAFETY: as above, on the 8 lanes of `lanes`.
+        // SAFETY: the tail's len < LEN values; as above.
         unsafe {
-            let [v] = act8::<1>([_mm256_loadu_ps(lanes.as_ptr())], act);
-            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+            let [v] = act_lanes::<V, 1>([V::load_first(tail.as_ptr(), tail.len())], act);
+            v.store_first(tail.as_mut_ptr(), tail.len());
         }
-        tail.copy_from_slice(&lanes[..tail.len()]);
     }
 }
 
@@ -331,44 +588,43 @@ fn each<T, const N: usize>(f: impl FnMut(usize) -> T) -> [T; N] {
     std::array::from_fn(f)
 }
 
-/// `v num(v^2) / den(v^2)` on 8 lanes for `v` clamped to `[-limit,
-/// limit]` (NaN stays NaN): the odd rational form of `erf` ([`act8`]), the
-/// polynomials' coefficients highest degree first.
+/// `v num(v^2) / den(v^2)` for `v` clamped to `[-limit, limit]` (NaN stays
+/// NaN): the odd rational form of `erf` ([`act_lanes`]), the polynomials'
+/// coefficients highest degree first.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn odd_rational8<const N: usize>(
-    v: [std::arch::x86_64::__m256; N],
+unsafe fn odd_rational<V: Lanes, const N: usize>(
+    v: [V; N],
     limit: f32,
     num: &[f32],
     den: &[f32],
-) -> [std::arch::x86_64::__m256; N] {
-    use std::arch::x86_64::*;
-    // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+) -> [V; N] {
+    // SAFETY: the CPU has V's level (the caller's promise).
     unsafe {
         // min/max return their second operand where one is NaN: v goes second.
-        let (lo, hi) = (_mm256_set1_ps(-limit), _mm256_set1_ps(limit));
-        let v = each::<_, N>(|i| _mm256_max_ps(lo, _mm256_min_ps(hi, v[i])));
-        let s = each::<_, N>(|i| _mm256_mul_ps(v[i], v[i]));
-        let mut p = [_mm256_set1_ps(num[0]); N];
-        let mut q = [_mm256_set1_ps(den[0]); N];
+        let (lo, hi) = (V::splat(-limit), V::splat(limit));
+        let v = each::<_, N>(|i| lo.max(hi.min(v[i])));
+        let s = each::<_, N>(|i| v[i].mul(v[i]));
+        let mut p = [V::splat(num[0]); N];
+        let mut q = [V::splat(den[0]); N];
         for k in 1..num.len().max(den.len()) {
             if let Some(c) = num.get(k) {
-                p = each::<_, N>(|i| _mm256_fmadd_ps(p[i], s[i], _mm256_set1_ps(*c)));
+                p = each::<_, N>(|i| p[i].fmadd(s[i], V::splat(*c)));
             }
             if let Some(c) = den.get(k) {
-                q = each::<_, N>(|i| _mm256_fmadd_ps(q[i], s[i], _mm256_set1_ps(*c)));
+                q = each::<_, N>(|i| q[i].fmadd(s[i], V::splat(*c)));
             }
         }
-        each::<_, N>(|i| _mm256_div_ps(_mm256_mul_ps(v[i], p[i]), q[i]))
+        each::<_, N>(|i| v[i].mul(p[i]).div(q[i]))
     }
 }
 
-/// The logistic's denominator `1 + exp(-v)` on `N` vectors of 8 lanes, as
+/// The logistic's denominator `1 + exp(-v)` on `N` vectors, as
 /// `1 + 2^(t/8)` with `t = -8 v log2(e)` clamped to `[-1008, 1024]`:
 /// `2^(t/8) = 2^e 2^(j/8) 2^(f/8)` with `k = e 8 + j` the nearest integer
 /// to `t` (`j` its low 3 bits), `2^(j/8)` from [`EXP2_EIGHTHS`] (a
-/// permute), `2^(f/8)` by [`EXP2_8_POLY`] (degree 3) and `2^e` added to
-/// the exponent bits, where `k = 1024` (`e = 128`, `j = 0`) gives
+/// permute), `2^e` added to its exponent bits and `2^(f/8)` by
+/// [`EXP2_8_POLY`] (degree 3), where `k = 1024` (`e = 128`, `j = 0`) gives
 /// infinity. So `v` below about -88.7 (`-inf` among them) has an infinite
 /// denominator, the logistic 0 and `x / (1 + exp(-x))` NaN at `x = -inf`,
 /// as PyTorch's; NaN stays NaN. Within 6.1e-7 of f64's SiLU and sigmoid
@@ -383,33 +639,26 @@ unsafe fn odd_rational8<const N: usize>(
 /// which handed arguments below -9 to a slower `exp`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn one_plus_exp_neg8<const N: usize>(
-    v: [std::arch::x86_64::__m256; N],
-) -> [std::arch::x86_64::__m256; N] {
-    use std::arch::x86_64::*;
-    // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+unsafe fn one_plus_exp_neg<V: Lanes, const N: usize>(v: [V; N]) -> [V; N] {
+    // SAFETY: the CPU has V's level (the caller's promise).
     unsafe {
-        let m = _mm256_set1_ps(-8.0 * std::f32::consts::LOG2_E);
-        let (lo, hi) = (_mm256_set1_ps(-1008.0), _mm256_set1_ps(1024.0));
+        let m = V::splat(-8.0 * std::f32::consts::LOG2_E);
+        let (lo, hi) = (V::splat(-1008.0), V::splat(1024.0));
         // min/max return their second operand where one is NaN: t goes second.
-        let t = each::<_, N>(|i| _mm256_max_ps(lo, _mm256_min_ps(hi, _mm256_mul_ps(v[i], m))));
-        let n = each::<_, N>(|i| {
-            _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t[i])
-        });
-        let f = each::<_, N>(|i| _mm256_sub_ps(t[i], n[i]));
-        let mut p = [_mm256_set1_ps(EXP2_8_POLY[0]); N];
+        let t = each::<_, N>(|i| lo.max(hi.min(v[i].mul(m))));
+        let n = each::<_, N>(|i| t[i].round());
+        let f = each::<_, N>(|i| t[i].sub(n[i]));
+        let mut p = [V::splat(EXP2_8_POLY[0]); N];
         for c in &EXP2_8_POLY[1..] {
-            p = each::<_, N>(|i| _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(*c)));
+            p = each::<_, N>(|i| p[i].fmadd(f[i], V::splat(*c)));
         }
-        let table = _mm256_loadu_ps(EXP2_EIGHTHS.as_ptr());
-        let k: [__m256i; N] = each(|i| _mm256_cvtps_epi32(n[i]));
-        let frac = each::<_, N>(|i| _mm256_permutevar8x32_ps(table, k[i]));
-        let e: [__m256i; N] = each(|i| _mm256_slli_epi32::<23>(_mm256_srai_epi32::<3>(k[i])));
-        let scale = each::<_, N>(|i| {
-            _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(frac[i]), e[i]))
-        });
-        let one = _mm256_set1_ps(1.0);
-        each::<_, N>(|i| _mm256_fmadd_ps(p[i], scale[i], one))
+        let table = V::eighths();
+        let k: [V::Int; N] = each(|i| n[i].to_int());
+        let frac = each::<_, N>(|i| V::permute(table, k[i]));
+        let e: [V::Int; N] = each(|i| V::exponent_bits(k[i]));
+        let scale = each::<_, N>(|i| frac[i].add_bits(e[i]));
+        let one = V::splat(1.0);
+        each::<_, N>(|i| p[i].fmadd(scale[i], one))
     }
 }
 
@@ -426,13 +675,25 @@ const EXP2_EIGHTHS: [f32; 8] = [
     1.834_008,
 ];
 
+/// [`EXP2_EIGHTHS`] twice: a 16-lane table whose lane `j + 8` is lane `j`.
+#[cfg(target_arch = "x86_64")]
+const EXP2_EIGHTHS_TWICE: [f32; 16] = {
+    let mut t = [0.0; 16];
+    let mut j = 0;
+    while j < 16 {
+        t[j] = EXP2_EIGHTHS[j % 8];
+        j += 1;
+    }
+    t
+};
+
 /// `2^(f/8)` for `f` in `[-1/2, 1/2]`, degree 3, highest first.
 #[cfg(target_arch = "x86_64")]
 const EXP2_8_POLY: [f32; 4] = [1.083_937_5e-4, 3.754_126e-3, 8.664_340_5e-2, 1.0];
 
-/// An activation of the form `factor(x) * sigmoid(v(x))` on 8 lanes: SiLU
-/// (`x * sigmoid(x)`), sigmoid (`1 * sigmoid(x)`) and tanh-GELU (`x *
-/// sigmoid(2 k (x + 0.044715 x^3))`, `k = sqrt(2 / pi)`).
+/// An activation of the form `factor(x) * sigmoid(v(x))`: SiLU (`x *
+/// sigmoid(x)`), sigmoid (`1 * sigmoid(x)`) and tanh-GELU (`x * sigmoid(2 k
+/// (x + 0.044715 x^3))`, `k = sqrt(2 / pi)`).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 enum Logistic {
@@ -453,34 +714,30 @@ impl Logistic {
         }
     }
 
-    /// `factor(x) / (1 + exp(-v(x)))` ([`one_plus_exp_neg8`]) on `N`
+    /// `factor(x) / (1 + exp(-v(x)))` ([`one_plus_exp_neg`]) on `N`
     /// vectors.
     #[inline(always)]
-    unsafe fn eval8<const N: usize>(
-        self,
-        x: [std::arch::x86_64::__m256; N],
-    ) -> [std::arch::x86_64::__m256; N] {
-        use std::arch::x86_64::*;
-        // SAFETY: the CPU has AVX2 and FMA (the caller's promise).
+    unsafe fn eval<V: Lanes, const N: usize>(self, x: [V; N]) -> [V; N] {
+        // SAFETY: the CPU has V's level (the caller's promise).
         unsafe {
             let (factor, v) = match self {
                 Logistic::Silu => (x, x),
-                Logistic::Sigmoid => ([_mm256_set1_ps(1.0); N], x),
+                Logistic::Sigmoid => ([V::splat(1.0); N], x),
                 Logistic::GeluTanh => {
-                    let k2 = _mm256_set1_ps(2.0 * (2.0 / std::f32::consts::PI).sqrt());
-                    let c = _mm256_set1_ps(0.044715);
-                    let x3 = each::<_, N>(|i| _mm256_mul_ps(_mm256_mul_ps(x[i], x[i]), x[i]));
-                    let inner = each::<_, N>(|i| _mm256_fmadd_ps(c, x3[i], x[i]));
-                    (x, each::<_, N>(|i| _mm256_mul_ps(k2, inner[i])))
+                    let k2 = V::splat(2.0 * (2.0 / std::f32::consts::PI).sqrt());
+                    let c = V::splat(0.044715);
+                    let x3 = each::<_, N>(|i| x[i].mul(x[i]).mul(x[i]));
+                    let inner = each::<_, N>(|i| c.fmadd(x3[i], x[i]));
+                    (x, each::<_, N>(|i| k2.mul(inner[i])))
                 }
             };
-            let d = one_plus_exp_neg8(v);
-            each::<_, N>(|i| _mm256_div_ps(factor[i], d[i]))
+            let d = one_plus_exp_neg(v);
+            each::<_, N>(|i| factor[i].div(d[i]))
         }
     }
 }
 
-/// The rational `erf` of [`act8`]: `erf(z) = z p(z^2) / q(z^2)` on `z`
+/// The rational `erf` of [`act_lanes`]: `erf(z) = z p(z^2) / q(z^2)` on `z`
 /// clamped to `[-4, 4]`, numerator (without its `z`) and denominator
 /// highest degree first: Eigen's coefficients for its float `erf` (used by
 /// XLA and TVM as well).
@@ -503,189 +760,32 @@ const ERF_DEN: [f32; 5] = [
     -1.426_473_9e-2,
 ];
 
-/// The vector formulas on 8 lanes (AVX2; [`vector`] has them on 16): [`Logistic::eval8`] for the logistic
-/// forms; exact GELU, `x / 2 (1 + erf(x / sqrt 2))`, with a rational `erf`
-/// ([`ERF_NUM`], [`ERF_DEN`]; no `exp`): GELU within 1.5e-6 of f64's,
-/// 0.72 ns an element against 1.05 with Abramowitz and Stegun's formula
-/// and `exp` (one thread, AVX2, in L1, a Zen 4), which PyTorch uses and
-/// [`scalar::erf`] follows. On `N` vectors side by side ([`side_by_side`]).
+/// The activations' vector formulas, on `N` vectors side by side
+/// ([`side_by_side`]) of either level's lanes: [`Logistic::eval`] for the
+/// logistic forms; exact GELU, `x / 2 (1 + erf(x / sqrt 2))`, with a
+/// rational `erf` ([`ERF_NUM`], [`ERF_DEN`]; no `exp`): GELU within 1.5e-6
+/// of f64's, 0.72 ns an element against 1.05 with Abramowitz and Stegun's
+/// formula and `exp` (one thread, AVX2, in L1, a Zen 4), which PyTorch uses
+/// and [`scalar::erf`] follows.
 ///
 /// Without `#[target_feature]` so it may be `#[inline(always)]`: LLVM
 /// declined to inline it, and a call per vector (the vector passed through
 /// memory, `act` matched each time) cost more than the formula. Only
-/// [`apply_avx2`] calls it, which has the features.
+/// [`apply_by`] calls it, inlined into an entry point with the features.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn act8<const N: usize>(
-    x: [std::arch::x86_64::__m256; N],
-    act: Vectorised,
-) -> [std::arch::x86_64::__m256; N] {
-    use std::arch::x86_64::*;
-    // SAFETY (whole body): the CPU has AVX2 and FMA (the caller's promise).
+unsafe fn act_lanes<V: Lanes, const N: usize>(x: [V; N], act: Vectorised) -> [V; N] {
+    // SAFETY (whole body): the CPU has V's level (the caller's promise).
     unsafe {
         if let Some(form) = Logistic::of(act) {
-            return form.eval8(x);
+            return form.eval(x);
         }
-        let r = _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2);
-        let z = each::<_, N>(|i| _mm256_mul_ps(x[i], r));
+        let r = V::splat(std::f32::consts::FRAC_1_SQRT_2);
+        let z = each::<_, N>(|i| x[i].mul(r));
         // At the clamp this is exactly 1 or -1 (f32 with FMA), as erf(z) rounds.
-        let erf = odd_rational8(z, 4.0, &ERF_NUM, &ERF_DEN);
-        let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
-        each::<_, N>(|i| _mm256_mul_ps(_mm256_mul_ps(x[i], half), _mm256_add_ps(one, erf[i])))
-    }
-}
-
-/// [`act8`]'s formulas on 16 lanes (AVX-512): the same table form of the
-/// logistic ([`one_plus_exp_neg8`]) and the same rational `erf`, on
-/// [`side_by_side`] vectors at a time. Before, this level computed exact
-/// GELU with Abramowitz and Stegun's `erf` and a full `exp` (two divisions
-/// a vector) and the logistic forms with that `exp`, one vector at a time:
-/// on a Zen 4 (one thread, in L1, the faster of 5 runs each) these took
-/// 0.65x the time on exact GELU, 0.73x on tanh-GELU, SiLU and sigmoid, and
-/// a 1x1 layer's SiLU epilogue (EfficientNet's expansions, two threads)
-/// added 22% to the convolution's time where it had added 31% (geometric
-/// means over seven shapes).
-#[cfg(target_arch = "x86_64")]
-mod vector {
-    use std::arch::x86_64::*;
-
-    use super::{each, side_by_side, Logistic, Vectorised};
-    use super::{ERF_DEN, ERF_NUM, EXP2_8_POLY, EXP2_EIGHTHS};
-
-    /// `v num(v^2) / den(v^2)` on 16 lanes ([`super::odd_rational8`]).
-    #[inline(always)]
-    unsafe fn odd_rational<const N: usize>(
-        v: [__m512; N],
-        limit: f32,
-        num: &[f32],
-        den: &[f32],
-    ) -> [__m512; N] {
-        // SAFETY: the CPU has AVX-512F (the caller's promise).
-        unsafe {
-            // min/max return their second operand where one is NaN: v goes second.
-            let (lo, hi) = (_mm512_set1_ps(-limit), _mm512_set1_ps(limit));
-            let v = each::<_, N>(|i| _mm512_max_ps(lo, _mm512_min_ps(hi, v[i])));
-            let s = each::<_, N>(|i| _mm512_mul_ps(v[i], v[i]));
-            let mut p = [_mm512_set1_ps(num[0]); N];
-            let mut q = [_mm512_set1_ps(den[0]); N];
-            for k in 1..num.len().max(den.len()) {
-                if let Some(c) = num.get(k) {
-                    p = each::<_, N>(|i| _mm512_fmadd_ps(p[i], s[i], _mm512_set1_ps(*c)));
-                }
-                if let Some(c) = den.get(k) {
-                    q = each::<_, N>(|i| _mm512_fmadd_ps(q[i], s[i], _mm512_set1_ps(*c)));
-                }
-            }
-            each::<_, N>(|i| _mm512_div_ps(_mm512_mul_ps(v[i], p[i]), q[i]))
-        }
-    }
-
-    /// `1 + exp(-v)` on 16 lanes, as [`super::one_plus_exp_neg8`]: the
-    /// eighths' table fills both halves of a vector, so the permute's
-    /// fourth index bit does not matter.
-    #[inline(always)]
-    unsafe fn one_plus_exp_neg<const N: usize>(v: [__m512; N]) -> [__m512; N] {
-        // SAFETY: the CPU has AVX-512F (the caller's promise).
-        unsafe {
-            let m = _mm512_set1_ps(-8.0 * std::f32::consts::LOG2_E);
-            let (lo, hi) = (_mm512_set1_ps(-1008.0), _mm512_set1_ps(1024.0));
-            // min/max return their second operand where one is NaN: t goes second.
-            let t = each::<_, N>(|i| _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_mul_ps(v[i], m))));
-            let n = each::<_, N>(|i| {
-                _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t[i])
-            });
-            let f = each::<_, N>(|i| _mm512_sub_ps(t[i], n[i]));
-            let mut p = [_mm512_set1_ps(EXP2_8_POLY[0]); N];
-            for c in &EXP2_8_POLY[1..] {
-                p = each::<_, N>(|i| _mm512_fmadd_ps(p[i], f[i], _mm512_set1_ps(*c)));
-            }
-            let table = _mm512_castps256_ps512(_mm256_loadu_ps(EXP2_EIGHTHS.as_ptr()));
-            let table = _mm512_shuffle_f32x4::<0b01_00_01_00>(table, table);
-            let k: [__m512i; N] = each(|i| _mm512_cvtps_epi32(n[i]));
-            let frac = each::<_, N>(|i| _mm512_permutexvar_ps(k[i], table));
-            let e: [__m512i; N] = each(|i| _mm512_slli_epi32::<23>(_mm512_srai_epi32::<3>(k[i])));
-            let scale = each::<_, N>(|i| {
-                _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(frac[i]), e[i]))
-            });
-            let one = _mm512_set1_ps(1.0);
-            each::<_, N>(|i| _mm512_fmadd_ps(p[i], scale[i], one))
-        }
-    }
-
-    /// `act` on `N` vectors of 16 lanes: [`super::act8`]'s formulas.
-    #[inline(always)]
-    unsafe fn act16<const N: usize>(x: [__m512; N], act: Vectorised) -> [__m512; N] {
-        // SAFETY: the CPU has AVX-512F (the caller's promise).
-        unsafe {
-            let one = _mm512_set1_ps(1.0);
-            let (factor, v) = match Logistic::of(act) {
-                Some(Logistic::Silu) => (x, x),
-                Some(Logistic::Sigmoid) => ([one; N], x),
-                Some(Logistic::GeluTanh) => {
-                    let k2 = _mm512_set1_ps(2.0 * (2.0 / std::f32::consts::PI).sqrt());
-                    let c = _mm512_set1_ps(0.044715);
-                    let x3 = each::<_, N>(|i| _mm512_mul_ps(_mm512_mul_ps(x[i], x[i]), x[i]));
-                    let inner = each::<_, N>(|i| _mm512_fmadd_ps(c, x3[i], x[i]));
-                    (x, each::<_, N>(|i| _mm512_mul_ps(k2, inner[i])))
-                }
-                None => {
-                    let r = _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2);
-                    let z = each::<_, N>(|i| _mm512_mul_ps(x[i], r));
-                    let erf = odd_rational(z, 4.0, &ERF_NUM, &ERF_DEN);
-                    let half = _mm512_set1_ps(0.5);
-                    return each::<_, N>(|i| {
-                        _mm512_mul_ps(_mm512_mul_ps(x[i], half), _mm512_add_ps(one, erf[i]))
-                    });
-                }
-            };
-            let d = one_plus_exp_neg(v);
-            each::<_, N>(|i| _mm512_div_ps(factor[i], d[i]))
-        }
-    }
-
-    /// `act` over `data` in place: [`side_by_side`] vectors at a time, then
-    /// single vectors, the tail masked.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn apply(data: &mut [f32], act: Vectorised) {
-        // SAFETY: the caller's promise.
-        unsafe {
-            match side_by_side(act) {
-                3 => apply_by::<3>(data, act),
-                _ => apply_by::<2>(data, act),
-            }
-        }
-    }
-
-    /// [`apply`] with `N` vectors side by side.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn apply_by<const N: usize>(data: &mut [f32], act: Vectorised) {
-        let mut groups = data.chunks_exact_mut(16 * N);
-        for c in &mut groups {
-            // SAFETY: c holds 16 * N values; the CPU has AVX-512F.
-            unsafe {
-                let p = c.as_mut_ptr();
-                let v = act16::<N>(each(|i| _mm512_loadu_ps(p.add(16 * i))), act);
-                for (i, v) in v.into_iter().enumerate() {
-                    _mm512_storeu_ps(p.add(16 * i), v);
-                }
-            }
-        }
-        let mut chunks = groups.into_remainder().chunks_exact_mut(16);
-        for c in &mut chunks {
-            // SAFETY: c holds 16 values; as above.
-            unsafe {
-                let [v] = act16::<1>([_mm512_loadu_ps(c.as_ptr())], act);
-                _mm512_storeu_ps(c.as_mut_ptr(), v);
-            }
-        }
-        let rest = chunks.into_remainder();
-        let m = ((1u32 << rest.len()) - 1) as __mmask16;
-        // SAFETY: the mask covers exactly the rest.len() < 16 values.
-        unsafe {
-            let [v] = act16::<1>([_mm512_maskz_loadu_ps(m, rest.as_ptr())], act);
-            _mm512_mask_storeu_ps(rest.as_mut_ptr(), m, v);
-        }
+        let erf = odd_rational(z, 4.0, &ERF_NUM, &ERF_DEN);
+        let (half, one) = (V::splat(0.5), V::splat(1.0));
+        each::<_, N>(|i| x[i].mul(half).mul(one.add(erf[i])))
     }
 }
 
