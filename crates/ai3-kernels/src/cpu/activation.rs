@@ -248,7 +248,11 @@ pub fn vectorised_f32_serial(data: &mut [f32], act: Vectorised) {
 /// formulas ([`act_lanes`]) serves both levels. Every method is one
 /// instruction or two and `#[inline(always)]`, without `#[target_feature]`:
 /// each inlines into the `#[target_feature]` entry point that calls it
-/// ([`apply_avx2`], [`apply_avx512`]), the only places they run.
+/// ([`apply_avx2`], [`apply_avx512`]), the only places they run. Keep each
+/// method one expression: one of several statements (a single method that
+/// converted, permuted and shifted for `2^(k/8)`) was left a call from the
+/// closures of [`each`], its intrinsics called too, and the AVX-512
+/// logistic forms took 15x the time.
 ///
 /// # Safety
 /// Every method needs the CPU level of its type.
