@@ -114,13 +114,24 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 
 /// Runs `f` on this worker of ai3's pool while the pool's other workers
 /// stay awake: each runs a job that takes the pool's pending work as it
-/// appears (`rayon::yield_now`) and spins between jobs, until `f` returns.
+/// appears (`rayon::yield_now`) and waits for more between jobs, until `f`
+/// returns.
 /// For a graph run, whose nodes each split their work across the pool: a
 /// rayon worker left without work sleeps after a few microseconds (its
 /// CPU halts), and waking it for the next node takes a system call and an
 /// interrupt to that CPU (on a virtual machine, through the host). This is
 /// the wait OpenMP's and oneTBB's spinning workers avoid, for the length of
 /// one run only.
+///
+/// Between jobs a worker gives its core away (`sched_yield`) rather than
+/// spinning on it: where another process takes one of the cores, a worker
+/// that kept spinning on it took the time slices the worker doing the work
+/// there needed (two threads on a 2-core Zen 4 with a busy loop pinned to
+/// the second core: mobilenet_v2 at batch 1 22.1 -> 11.9 ms a call, ONNX
+/// Runtime 14.4; with the busy loop free to move, resnet50 145 -> 90 ms,
+/// ONNX Runtime 98, OpenVINO 70); alone on the cores the same time
+/// (mobilenet_v2 4.02 and 4.04 ms, efficientnet_b0 6.36 and 6.45, within
+/// the runs' spread).
 ///
 /// Only when the pool has no more threads than the process has cores: a
 /// spinning worker sharing a core would slow the one doing the work. Runs
@@ -156,7 +167,7 @@ pub fn with_workers_awake<R: Send>(f: impl FnOnce() -> R + Send) -> R {
                 }
                 while !done.load(Ordering::Acquire) {
                     if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                        std::hint::spin_loop();
+                        std::thread::yield_now();
                     }
                 }
             });
