@@ -30,20 +30,26 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_engines import LABELS, _build  # noqa: E402
-
 #: Engines listed, in order, when the result has them.
 ENGINES = ["eager", "compile", "ort", "openvino", "ai3", "ai3_swap"]
 
 
-def count(name: str, batch: int, peak_gflops: float, read_gbs: float) -> dict:
-    """Multiply-adds of the network's convolutions and linear layers at
-    ``batch`` (all, and those of 3x3 stride-1 dense convolutions), its
-    parameters' bytes, and its layer floor in ms."""
+def _compare_engines():
+    """The shared network builder and labels; the path is changed here, not on
+    import, so that importing this module (the tests do) leaves sys.path alone."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import compare_engines
+
+    return compare_engines
+
+
+def count(net, x, peak_gflops: float, read_gbs: float) -> dict:
+    """Multiply-adds of ``net``'s convolutions and linear layers on ``x`` (all,
+    and those of 3x3 stride-1 dense convolutions), its parameters' bytes, and its
+    layer floor in ms: layer after layer, the longer of its FLOP at
+    ``peak_gflops`` and its weights read at ``read_gbs``."""
     import torch
 
-    net, x = _build(name, batch)
     macs = {"all": 0, "winograd": 0, "floor_ms": 0.0}
 
     def hook(m, _inputs, out):
@@ -74,7 +80,8 @@ def rows(results: list[dict], peak_gflops: float, read_gbs: float) -> list[dict]
     """One row a network and batch: its counts, floors and engines' shares."""
     out = []
     for r in results:
-        c = count(r["model"], r["batch"], peak_gflops, read_gbs)
+        net, x = _compare_engines()._build(r["model"], r["batch"])
+        c = count(net, x, peak_gflops, read_gbs)
         gflop = 2 * c["all"] / 1e9
         floor_ms = c["floor_ms"]
         ms = {e: v["ms"] for e, v in r["results"].items() if v.get("ok") and "ms" in v}
@@ -98,10 +105,11 @@ def rows(results: list[dict], peak_gflops: float, read_gbs: float) -> list[dict]
 
 def table(rs: list[dict], peak_gflops: float, read_gbs: float) -> str:
     """The Markdown table of ``rows``."""
+    labels = _compare_engines().LABELS
     engines = [e for e in ENGINES if any(e in r["ms"] for r in rs)]
     head = (
         ["network", "GFLOP", "3x3 s1 share", "compute floor ms", "weights MB", "layer floor ms"]
-        + [f"{LABELS[e]} ms (floor / time)" for e in engines]
+        + [f"{labels[e]} ms (floor / time)" for e in engines]
         + ["0.9x best of ORT, OpenVINO asks"]
     )
     lines = [

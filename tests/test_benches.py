@@ -66,3 +66,39 @@ def test_loading_the_bench_scripts_leaves_sys_path_alone():
     before = list(sys.path)
     _load("layer_kinds")
     assert sys.path == before
+
+
+roofline = _load("roofline")
+
+
+def test_roofline_counts_flops_as_pytorch_does_and_takes_each_layers_longer_bound():
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),  # 3x3 stride 1: Winograd's
+        nn.Conv2d(8, 8, 3, stride=2, padding=1),  # strided: not
+        nn.Conv2d(8, 8, 3, padding=1, groups=8),  # depthwise: not
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 1000),  # large weight, few products
+    ).eval()
+    x = torch.randn(1, 3, 8, 8)
+    with FlopCounterMode(display=False) as counter:
+        net(x)
+    peak_gflops, read_gbs = 100.0, 10.0
+    c = roofline.count(net, x, peak_gflops, read_gbs)
+    assert 2 * c["all"] == counter.get_total_flops()
+    assert c["winograd"] == 8 * 8 * 8 * 3 * 9  # out channels x pixels x (in x 3x3)
+    assert c["weight_bytes"] == 4 * sum(p.numel() for p in net.parameters())
+    # Each layer's bound, computed apart: the convolutions' FLOP at the peak,
+    # the linear layer's weight at the bandwidth (far longer than its FLOP).
+    convs = [net[0], net[1], net[2]]
+    outs = [(8, 8), (4, 4), (4, 4)]
+    want = 0.0
+    for m, (h, w) in zip(convs, outs, strict=True):
+        flops = 2 * m.out_channels * h * w * (m.in_channels // m.groups) * 9
+        want += max(
+            flops / peak_gflops / 1e6, 4 * sum(p.numel() for p in m.parameters()) / read_gbs / 1e6
+        )
+    lin_bytes = 4 * (net[4].weight.numel() + net[4].bias.numel())
+    assert lin_bytes / read_gbs > 2 * net[4].weight.numel() / peak_gflops
+    want += lin_bytes / read_gbs / 1e6
+    assert abs(c["floor_ms"] - want) < 1e-12
