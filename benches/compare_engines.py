@@ -13,6 +13,7 @@ output's largest error relative to PyTorch eager's.
     python benches/compare_engines.py                          # every network, batch 1 and 10
     python benches/compare_engines.py --models resnet50 --batch 1 --engines eager ai3 ort
     python benches/compare_engines.py --out benches/results/engines.json   # also .md, .png
+    python benches/compare_engines.py --busy-core --batch 1    # another process on one core
 
 An engine that is not installed, or that fails on a network, is reported as such
 and the others still run.
@@ -182,10 +183,25 @@ def export_onnx(name: str, batch: int, path: str) -> str | None:
     return None
 
 
+def busy_core() -> subprocess.Popen:
+    """A process that keeps this machine's last CPU busy until killed: a pure
+    Python loop pinned there, standing for other work on a shared machine."""
+    cpu = max(os.sched_getaffinity(0))
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
 def run_case(
-    name: str, batch: int, engines: list[str], rounds: int, turn_s: float, threads: int
+    name: str,
+    batch: int,
+    engines: list[str],
+    rounds: int,
+    turn_s: float,
+    threads: int,
+    busy: bool = False,
 ) -> dict:
-    """Times every engine on one network and batch; returns per-engine results."""
+    """Times every engine on one network and batch (with another process busy on
+    the last CPU while timing, if ``busy``); returns per-engine results."""
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.path.join(tmp, f"{name}_b{batch}.onnx")
@@ -222,12 +238,18 @@ def run_case(
                 procs.pop(e).wait()
         live = [e for e in engines if e in procs]
         times: dict[str, list[float]] = {e: [] for e in live}
-        for r in range(rounds):
-            for e in live if r % 2 == 0 else reversed(live):
-                time.sleep(0.2)  # lets the previous engine's spinning threads park
-                procs[e].stdin.write(f"run {turn_s}\n")
-                procs[e].stdin.flush()
-                times[e] += json.loads(procs[e].stdout.readline())
+        hog = busy_core() if busy else None
+        try:
+            for r in range(rounds):
+                for e in live if r % 2 == 0 else reversed(live):
+                    time.sleep(0.2)  # lets the previous engine's spinning threads park
+                    procs[e].stdin.write(f"run {turn_s}\n")
+                    procs[e].stdin.flush()
+                    times[e] += json.loads(procs[e].stdout.readline())
+        finally:
+            if hog:
+                hog.kill()
+                hog.wait()
         for e in live:
             procs[e].stdin.write("quit\n")
             procs[e].stdin.close()
@@ -332,19 +354,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="turns per engine (default 6)")
     ap.add_argument("--turn", type=float, default=1.0, help="seconds per turn (default 1)")
     ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2) or 1)
+    ap.add_argument(
+        "--busy-core",
+        action="store_true",
+        help="while timing, another process keeps the last CPU busy (a shared machine)",
+    )
     ap.add_argument("--out", help="JSON file; a .md table and a .png chart go beside it")
     args = ap.parse_args()
     if args.out:
         # Made (and its folder checked) now, not after the whole run.
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     info = machine(args.threads)
+    if args.busy_core:
+        info["busy_core"] = max(os.sched_getaffinity(0))
     print(f"machine: {info}\n")
     table = [header(args.engines)]
     print(table[0], flush=True)
     rows = []
     for name in args.models:
         for batch in args.batch:
-            res = run_case(name, batch, args.engines, args.rounds, args.turn, args.threads)
+            res = run_case(
+                name, batch, args.engines, args.rounds, args.turn, args.threads, args.busy_core
+            )
             rows.append({"model": name, "batch": batch, "results": res})
             table.append(fmt_row(name, batch, res, args.engines))
             print(table[-1], flush=True)
