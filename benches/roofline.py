@@ -145,6 +145,8 @@ def main() -> None:
     args = ap.parse_args()
     with open(args.peak) as f:
         peak = json.load(f)
+    if not (peak.get("peak_gflops", 0) > 0 and peak.get("read_gbs", 0) > 0):
+        sys.exit(f"roofline: {args.peak} has no positive peak_gflops and read_gbs: {peak}")
     results = []
     for path in args.results:
         with open(path) as f:
