@@ -183,10 +183,9 @@ def export_onnx(name: str, batch: int, path: str) -> str | None:
     return None
 
 
-def busy_core() -> subprocess.Popen:
-    """A process that keeps this machine's last CPU busy until killed: a pure
-    Python loop pinned there, standing for other work on a shared machine."""
-    cpu = max(os.sched_getaffinity(0))
+def busy_core(cpu: int) -> subprocess.Popen:
+    """A process that keeps CPU ``cpu`` busy until killed: a pure Python loop
+    pinned there, standing for other work on a shared machine."""
     code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
     return subprocess.Popen([sys.executable, "-c", code])
 
@@ -198,10 +197,10 @@ def run_case(
     rounds: int,
     turn_s: float,
     threads: int,
-    busy: bool = False,
+    busy_cpu: int | None = None,
 ) -> dict:
     """Times every engine on one network and batch (with another process busy on
-    the last CPU while timing, if ``busy``); returns per-engine results."""
+    CPU ``busy_cpu`` while timing, if given); returns per-engine results."""
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.path.join(tmp, f"{name}_b{batch}.onnx")
@@ -238,7 +237,7 @@ def run_case(
                 procs.pop(e).wait()
         live = [e for e in engines if e in procs]
         times: dict[str, list[float]] = {e: [] for e in live}
-        hog = busy_core() if busy else None
+        hog = busy_core(busy_cpu) if busy_cpu is not None else None
         try:
             for r in range(rounds):
                 for e in live if r % 2 == 0 else reversed(live):
@@ -365,8 +364,9 @@ def main() -> None:
         # Made (and its folder checked) now, not after the whole run.
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     info = machine(args.threads)
-    if args.busy_core:
-        info["busy_core"] = max(os.sched_getaffinity(0))
+    busy_cpu = max(os.sched_getaffinity(0)) if args.busy_core else None
+    if busy_cpu is not None:
+        info["busy_core"] = busy_cpu
     print(f"machine: {info}\n")
     table = [header(args.engines)]
     print(table[0], flush=True)
@@ -374,7 +374,7 @@ def main() -> None:
     for name in args.models:
         for batch in args.batch:
             res = run_case(
-                name, batch, args.engines, args.rounds, args.turn, args.threads, args.busy_core
+                name, batch, args.engines, args.rounds, args.turn, args.threads, busy_cpu
             )
             rows.append({"model": name, "batch": batch, "results": res})
             table.append(fmt_row(name, batch, res, args.engines))

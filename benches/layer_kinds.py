@@ -22,6 +22,19 @@ import sys
 import time
 
 
+def product_macs(module, out_numel: int) -> int:
+    """Multiply-adds of a convolution or linear layer (as the direct algorithm
+    does them) that made ``out_numel`` outputs; 0 for any other module."""
+    import torch
+
+    if isinstance(module, torch.nn.Conv2d):
+        kh, kw = module.kernel_size
+        return out_numel * (module.in_channels // module.groups) * kh * kw
+    if isinstance(module, torch.nn.Linear):
+        return out_numel * module.in_features
+    return 0
+
+
 def kind_and_flops(net, row: dict) -> tuple[str, float]:
     """The kind of a profiled node and its floating-point operations (0 if not
     counted), from the torch module its name points at."""
@@ -35,7 +48,7 @@ def kind_and_flops(net, row: dict) -> tuple[str, float]:
     out = row["output_shape"]
     if op == "conv2d" and isinstance(module, torch.nn.Conv2d):
         kh, kw = module.kernel_size
-        macs = math.prod(out) * (module.in_channels // module.groups) * kh * kw
+        macs = product_macs(module, math.prod(out))
         if module.groups > 1 and module.groups == module.in_channels:
             kind = "depthwise conv"
         elif (kh, kw) == (1, 1):
@@ -44,7 +57,7 @@ def kind_and_flops(net, row: dict) -> tuple[str, float]:
             kind = f"{kh}x{kw} conv"
         return kind, 2.0 * macs
     if op == "linear" and isinstance(module, torch.nn.Linear):
-        return "linear", 2.0 * math.prod(out) * module.in_features
+        return "linear", 2.0 * product_macs(module, math.prod(out))
     return op, 0.0
 
 

@@ -34,13 +34,16 @@ import sys
 ENGINES = ["eager", "compile", "ort", "openvino", "ai3", "ai3_swap"]
 
 
-def _compare_engines():
-    """The shared network builder and labels; the path is changed here, not on
-    import, so that importing this module (the tests do) leaves sys.path alone."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import compare_engines
+def _sibling(name: str):
+    """Another script of benches/ as a module, loaded from its file, so that
+    sys.path is left alone (benches/transformers.py would hide the package)."""
+    import importlib.util
 
-    return compare_engines
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"ai3_benches_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def count(net, x, peak_gflops: float, read_gbs: float) -> dict:
@@ -52,13 +55,13 @@ def count(net, x, peak_gflops: float, read_gbs: float) -> dict:
 
     macs = {"all": 0, "winograd": 0, "floor_ms": 0.0}
 
+    product_macs = _sibling("layer_kinds").product_macs
+
     def hook(m, _inputs, out):
-        if isinstance(m, torch.nn.Conv2d):
-            n = out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
-            if m.kernel_size == (3, 3) and m.stride == (1, 1) and m.groups == 1:
-                macs["winograd"] += n
-        else:
-            n = out.numel() * m.in_features
+        n = product_macs(m, out.numel())
+        dense_3x3 = isinstance(m, torch.nn.Conv2d) and m.groups == 1
+        if dense_3x3 and m.kernel_size == (3, 3) and m.stride == (1, 1):
+            macs["winograd"] += n
         macs["all"] += n
         weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
         macs["floor_ms"] += max(2 * n / peak_gflops / 1e6, weight_bytes / read_gbs / 1e6)
@@ -80,7 +83,7 @@ def rows(results: list[dict], peak_gflops: float, read_gbs: float) -> list[dict]
     """One row a network and batch: its counts, floors and engines' shares."""
     out = []
     for r in results:
-        net, x = _compare_engines()._build(r["model"], r["batch"])
+        net, x = _sibling("compare_engines")._build(r["model"], r["batch"])
         c = count(net, x, peak_gflops, read_gbs)
         gflop = 2 * c["all"] / 1e9
         floor_ms = c["floor_ms"]
@@ -105,7 +108,7 @@ def rows(results: list[dict], peak_gflops: float, read_gbs: float) -> list[dict]
 
 def table(rs: list[dict], peak_gflops: float, read_gbs: float) -> str:
     """The Markdown table of ``rows``."""
-    labels = _compare_engines().LABELS
+    labels = _sibling("compare_engines").LABELS
     engines = [e for e in ENGINES if any(e in r["ms"] for r in rs)]
     head = (
         ["network", "GFLOP", "3x3 s1 share", "compute floor ms", "weights MB", "layer floor ms"]
