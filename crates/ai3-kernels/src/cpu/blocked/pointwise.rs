@@ -96,20 +96,22 @@ const SWEEP_L1_BYTES: usize = 28 << 10;
 /// there. Prefetching the next tile of pixels' input while the current one
 /// runs measured 1.02-1.03x.
 ///
-/// In whole networks on a Zen 4 with AVX-512 (batch 10, fastest call of 6
-/// alternating processes a build) sweeping with 28 KB lost too where input
-/// channels are many: 1.11x the time on densenet121, 1.04x on googlenet,
-/// 1.01x on resnet50, against 0.94x on efficientnet_b0 and 0.99-1.00x on
-/// mobilenet_v2 and squeezenet1_1. (Both builds there also prefetched, in
-/// `tile::reduce`, each input block's pixels one or two register tiles
-/// ahead: in a network an input read from memory rather than cache, 18
-/// input blocks' streams at once, is what makes layers such as 144 -> 32
-/// at 28x28 take twice their time alone, and the prefetch took that layer
-/// from 0.76 to 0.47 ms in mobilenet_v2 at batch 10; but whole networks
-/// moved by no more than the host's noise, in no steady direction: with
-/// calls alternating with and without it in one process, 0.89-1.08x the
-/// time by network and batch on the median call, 0.90-1.05x on the
-/// fastest, so it was left out.)
+/// In whole networks on a Zen 4 with AVX-512 at batch 10, sweeping with
+/// 28 KB showed no steady gain either. Builds in processes of their own
+/// (fastest call of 6 alternating processes a build) read 1.11x the time
+/// on densenet121, 1.04x on googlenet, 0.94x on efficientnet_b0; calls
+/// alternating between the two rules in one process, 0.96-0.97x on
+/// densenet121, 0.96-1.02x on googlenet, 0.90-0.98x on efficientnet_b0
+/// (fastest call; its tenth percentile 0.97-0.99x), 0.89-1.06x on
+/// mobilenet_v2, 1.00x on resnet50; at batch 1 0.94-1.02x: the host's
+/// noise, not a rule to change. (A prefetch, in `tile::reduce`, of each
+/// input block's pixels one or two register tiles ahead fared the same. In
+/// a network an input read from memory rather than cache, 18 input blocks'
+/// streams at once, is what makes layers such as 144 -> 32 at 28x28 take
+/// twice their time alone, and the prefetch took that layer from 0.76 to
+/// 0.47 ms in mobilenet_v2 at batch 10; but whole networks moved 0.89-1.08x
+/// the time by network and batch on the median of calls alternating in one
+/// process, 0.90-1.05x on the fastest, in no steady direction.)
 fn sweep_input_bytes() -> usize {
     if crate::isa::avx512() {
         0
