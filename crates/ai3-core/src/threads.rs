@@ -105,8 +105,17 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Runs `f` inside ai3's pool.
+/// Runs `f` inside ai3's pool; with one thread configured, on the calling
+/// thread itself ([`run_on_caller`]): a pool of one would only hand the run
+/// to its worker and back. That hand-off, with PyTorch's OpenMP team of two
+/// around, made the calls wait for the scheduler's 4-ms ticks: a converted
+/// mobilenet_v2 at batch 1 with `AI3_NUM_THREADS=1` (torch on 2 threads, a
+/// 2-core Zen 4) took 13.3-13.6 ms a call (median), the calls falling on
+/// 8.0, 12.0 and 16.0 ms, and takes 9.4-9.8 on the calling thread.
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if num_threads() == 1 {
+        return run_on_caller(f);
+    }
     match current() {
         Some(pool) => pool.install(f),
         None => f(),
@@ -720,8 +729,18 @@ mod tests {
         assert_eq!(TEAMS.load(Ordering::SeqCst), 1);
     }
 
+    /// Held by the tests that set the configured thread count, which is
+    /// the process's: another test could change it under them.
+    static CONFIGURED: Mutex<()> = Mutex::new(());
+
+    fn configured_count() -> std::sync::MutexGuard<'static, ()> {
+        CONFIGURED.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     #[test]
     fn work_on_the_caller_runs_on_that_thread_alone() {
+        let _count = configured_count();
+        set_num_threads(2).unwrap();
         let caller = std::thread::current().id();
         let (threads, ids) = run_on_caller(|| {
             use rayon::prelude::*;
@@ -748,11 +767,22 @@ mod tests {
 
     #[test]
     fn work_runs_with_the_configured_count() {
+        let _count = configured_count();
+        let caller = std::thread::current().id();
         set_num_threads(3).unwrap();
         assert_eq!(num_threads(), 3);
         assert_eq!(install(rayon::current_num_threads), 3);
+        assert_ne!(install(|| std::thread::current().id()), caller);
         assert!(set_num_threads(0).is_err());
+        // One thread: the work runs on the calling thread, handed to no pool.
         set_num_threads(1).unwrap();
         assert_eq!(install(rayon::current_num_threads), 1);
+        assert_eq!(install(|| std::thread::current().id()), caller);
+        let other = std::thread::spawn(move || install(|| std::thread::current().id()) == caller);
+        assert!(
+            !other.join().unwrap(),
+            "another thread's work ran on this one"
+        );
+        set_num_threads(2).unwrap();
     }
 }
