@@ -47,7 +47,9 @@ static POOL: RwLock<Option<Arc<rayon::ThreadPool>>> = RwLock::new(None);
 /// rebuilds a pool of the same size.
 static WANTED: AtomicUsize = AtomicUsize::new(0);
 
-/// Uses `n` threads from now on (a new pool; calls already running keep theirs).
+/// Uses `n` threads from now on (a new pool; calls already running keep
+/// theirs). One thread needs no pool: runs go on the calling thread (see
+/// [`install`]), and a pool built before is let go.
 pub fn set_num_threads(n: usize) -> Result<()> {
     if n == 0 {
         return Err(Error::invalid(
@@ -56,10 +58,15 @@ pub fn set_num_threads(n: usize) -> Result<()> {
         ));
     }
     fork::watch();
-    if WANTED.load(Ordering::Acquire) == n && configured().is_some() {
+    let pooled = n > 1;
+    if WANTED.load(Ordering::Acquire) == n && configured().is_some() == pooled {
         return Ok(());
     }
     WANTED.store(n, Ordering::Release);
+    if !pooled {
+        *POOL.write().unwrap_or_else(|p| p.into_inner()) = None;
+        return Ok(());
+    }
     build(n).map(|_| ())
 }
 
@@ -776,6 +783,7 @@ mod tests {
         assert!(set_num_threads(0).is_err());
         // One thread: the work runs on the calling thread, handed to no pool.
         set_num_threads(1).unwrap();
+        assert!(configured().is_none(), "a pool kept for one thread");
         assert_eq!(install(rayon::current_num_threads), 1);
         assert_eq!(install(|| std::thread::current().id()), caller);
         let other = std::thread::spawn(move || install(|| std::thread::current().id()) == caller);
