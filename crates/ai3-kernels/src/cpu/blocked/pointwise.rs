@@ -383,36 +383,36 @@ fn run(
     let (obt, pt) = super::tile::shape();
     let task_pixels = TASK_TILES * pt;
     let threads = threads_for_macs(s.macs());
+    // Split by output blocks, a thread reads every input channel, half of
+    // them written by the other core in the layer before. Tried and not
+    // kept on a 2-core Zen 4 with AVX-512: where the layer reads at least as
+    // many bytes of input as of weights, tasks of runs of pixels alone (each
+    // doing every group in turn), so that a thread reads the pixels it
+    // wrote itself where the layer before split the same way. Alone (8
+    // layers, each one's output the next one's input, the two splits
+    // alternating in one process, 400 rounds, two runs) that took 64 ->
+    // 64 at 28x28 from 59-62 to 38-43 us a layer at the tenth
+    // percentile (0.61x and 0.74x; 31-37 us when every layer reads the
+    // same input), 128 -> 128 at 14x14 0.84x and 0.92x; layers it did
+    // not change read 0.97-1.07x. In networks at batch 1 (calls
+    // alternating in one process, 120-150 each, tenth percentile) it was
+    // noise:
+    // mobilenet_v2 0.98-1.00x, efficientnet_b0 0.95x, squeezenet1_1
+    // 0.99x, resnet50 0.98x, googlenet 1.03-1.05x, densenet121 1.03x. A
+    // 1x1 layer's input there mostly comes from a depthwise, 3x3 or
+    // concatenated layer, whose kernels split by channel blocks, so no
+    // split of the 1x1 layer reads it from its own core; the gain would
+    // need every blocked kernel to split an image by the same rows.
+    // The other way round, expansions at large planes (24 -> 144 at
+    // 56x56) split by output blocks in halves like the depthwise layer
+    // that reads them, read 0.97-1.02x on mobilenet_v2 and 0.98x on
+    // efficientnet_b0 (the same measure): noise too.
     let mut groups = (ocb * icb * BLOCK * BLOCK * 4)
         .div_ceil(GROUP_BYTES)
         .clamp(1, units);
     if s.batch * plane.div_ceil(task_pixels) < 4 * threads {
         // Few pixels (7x7, 14x14 at batch 1): the groups are the tasks, as
         // many for every thread.
-        //
-        // Each thread then reads every input channel, half of them written
-        // by the other core in the layer before. Tried and not kept on a
-        // 2-core Zen 4 with AVX-512: where the layer reads at least as many
-        // bytes of input as of weights, tasks of runs of pixels alone (each
-        // doing every group in turn), so that a thread reads the pixels it
-        // wrote itself where the layer before split the same way. Alone (8
-        // layers, each one's output the next one's input, the two splits
-        // alternating in one process, 400 rounds, two runs) that took 64 ->
-        // 64 at 28x28 from 59-62 to 38-43 us a layer at the tenth
-        // percentile (0.61x and 0.74x; 31-37 us when every layer reads the
-        // same input), 128 -> 128 at 14x14 0.84x and 0.92x; layers it did
-        // not change read 0.97-1.07x. In networks at batch 1 (calls alternating
-        // in one process, 120-150 each, tenth percentile) it was noise:
-        // mobilenet_v2 0.98-1.00x, efficientnet_b0 0.95x, squeezenet1_1
-        // 0.99x, resnet50 0.98x, googlenet 1.03-1.05x, densenet121 1.03x. A
-        // 1x1 layer's input there mostly comes from a depthwise, 3x3 or
-        // concatenated layer, whose kernels split by channel blocks, so no
-        // split of the 1x1 layer reads it from its own core; the gain would
-        // need every blocked kernel to split an image by the same rows.
-        // The other way round, expansions at large planes (24 -> 144 at
-        // 56x56) split by output blocks in halves like the depthwise layer
-        // that reads them, read 0.97-1.02x on mobilenet_v2 and 0.98x on
-        // efficientnet_b0 (the same measure): noise too.
         groups = groups.next_multiple_of(threads).min(ocb.div_ceil(obt));
     }
     let tiles = plane.div_ceil(pt);
