@@ -204,7 +204,7 @@ def test_operations_describe_every_selectable_operation():
     ops = {d["op"]: d for d in _core.operations()}
     assert set(ops) == set(ai3.SUPPORTED_ALGORITHMS)
     conv = ops["conv2d"]
-    assert conv["inputs"] == (1, 2)  # the input, and a fused residual
+    assert conv["inputs"] == (1, 3)  # the input, a fused residual, a fused input scale
     assert ("weight", "tensor | value id", True) in conv["params"]
     assert ops["cat"]["inputs"] == (1, None)
     for d in ops.values():

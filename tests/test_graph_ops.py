@@ -686,6 +686,132 @@ def test_layer_scale_not_folded_without_known_shapes():
     assert "mul" in [r["op"] for r in model.summary(tuple(x.shape))]
 
 
+class SqueezeExcite(nn.Module):
+    """EfficientNet's block tail: a 3x3 convolution, squeeze-and-excitation
+    (global pool, two 1x1 layers, a sigmoid, ``x * s``), a 1x1 projection
+    and, with ``residual``, the block's skip. ``mode`` breaks the fold: the
+    product read again, a 3x3 projection, a scale per row rather than per
+    channel, a projection with more output channels than a sixteenth of
+    the pixels."""
+
+    def __init__(self, c: int = 24, out: int = 4, residual: bool = False, mode: str = ""):
+        super().__init__()
+        self.mode, self.residual = mode, residual
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.fc1, self.fc2 = nn.Conv2d(c, 6, 1), nn.Conv2d(6, c, 1)
+        wide = out * 8 if mode == "wide" else out
+        k = 3 if mode == "3x3" else 1
+        self.project = nn.Conv2d(c, wide, k, padding=k // 2)
+        self.skip = nn.Conv2d(c, wide, 1) if residual else None
+
+    def forward(self, x):
+        y = self.conv(x)
+        s = torch.sigmoid(self.fc2(F.silu(self.fc1(y.mean((2, 3), keepdim=True)))))
+        if self.mode == "rows":
+            s = y.mean((1, 3), keepdim=True).sigmoid()
+        z = y * s if self.mode != "scale_first" else s * y
+        out = self.project(z)
+        if self.residual:
+            out = out + self.skip(x)
+        return out + z.mean() if self.mode == "shared" else out
+
+
+def _scaled_rows(model, shape):
+    rows = model.summary(shape)
+    return rows, [r for r in rows if r["op"] == "conv2d" and "mul" in (r["fused"] or "")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("algo", ["default", "gemm", "direct", "smm"])
+@pytest.mark.parametrize(
+    "batch, residual, mode",
+    [(1, False, ""), (2, True, ""), (3, False, "scale_first")],
+    ids=["b1", "b2-residual", "b3-scale-first"],
+)
+def test_squeeze_excitation_scale_folded_into_the_projection(batch, residual, mode, algo, dtype):
+    """``project(y * s)`` runs as one convolution that scales its input's
+    channels (its weights per image on the blocked 1x1 kernel, a scaled copy
+    of the input for the other kernels), with the skip added after."""
+    net = SqueezeExcite(residual=residual, mode=mode).to(dtype).eval()
+    shape = (batch, 24, 16, 14)
+    x = torch.randn(shape, dtype=dtype)
+    with torch.no_grad():
+        expected = net(x)
+
+    def select(m, _shape):
+        return algo if m is net.project else "default"
+
+    model = ai3.convert(net, {"conv2d": select}, dtype=dtype, sample_input_shape=shape)
+    assert_close(model(x), expected, dtype)
+    rows, scaled = _scaled_rows(model, shape)
+    assert "mul" not in [r["op"] for r in rows], rows
+    assert len(scaled) == 1, rows
+    want = "mul+add" if residual else "mul"
+    assert scaled[0]["fused"] == want and scaled[0]["algorithm"] == algo.replace("default", "gemm")
+    assert scaled[0]["input_shapes"][-1] == [batch, 24, 1, 1], scaled
+    # Another batch through the same model: the scale follows the input's.
+    x2 = torch.randn(batch + 1, *shape[1:], dtype=dtype)
+    with torch.no_grad():
+        assert_close(model(x2), net(x2), dtype)
+
+
+@pytest.mark.parametrize("mode", ["shared", "3x3", "rows", "wide"])
+def test_squeeze_excitation_scale_not_folded_where_it_would_not_apply(mode):
+    """The product read again, a 3x3 projection or a scale that is not per
+    channel change the result if folded; a projection with few pixels per
+    output channel keeps its ``mul`` (scaling its weights costs more)."""
+    net = SqueezeExcite(mode=mode).eval()
+    shape = (2, 24, 9, 8)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        expected = net(x)
+    model = ai3.convert(net, sample_input_shape=shape)
+    assert_close(model(x), expected, torch.float32)
+    rows, scaled = _scaled_rows(model, shape)
+    assert "mul" in [r["op"] for r in rows] and not scaled, rows
+
+
+def test_squeeze_excitation_scale_not_folded_without_known_shapes():
+    net = SqueezeExcite().eval()
+    x = torch.randn(2, 24, 9, 8)
+    model = ai3.convert(net)
+    with torch.no_grad():
+        assert_close(model(x), net(x), torch.float32)
+    assert "mul" in [r["op"] for r in model.summary(tuple(x.shape))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_input_scale_of_a_convolution_in_the_core(dtype):
+    """The Rust operation checks the scale it is given, naming the shapes,
+    takes one of batch 1 for every image, and scales any convolution's
+    input (a 3x3 with a residual here), in NCHW."""
+    from ai3 import _core
+
+    w = torch.randn(5, 3, 3, 3, dtype=dtype)
+    m = _core.Model(str(dtype).removeprefix("torch."), 3)
+    m.set_outputs(
+        [
+            m.add(
+                "conv2d",
+                "c",
+                [0, 1, 2],
+                {"weight": w, "padding": [1, 1, 1, 1], "input_scale": True},
+            )
+        ]
+    )
+    x, r = torch.randn(2, 3, 6, 5, dtype=dtype), torch.randn(2, 5, 6, 5, dtype=dtype)
+    for s in (torch.randn(2, 3, 1, 1, dtype=dtype), torch.randn(1, 3, 1, 1, dtype=dtype)):
+        got = torch.from_dlpack(m.run([x, r, s])[0])
+        assert_close(got, F.conv2d(x * s, w, padding=1) + r, dtype)
+    with pytest.raises(
+        ai3.ShapeError, match=r"conv2d.*scale.*\[2, 3, 1, 1\] or \[1, 3, 1, 1\].*\[2, 3, 2, 1\]"
+    ):
+        m.run([x, r, torch.randn(2, 3, 2, 1, dtype=dtype)])
+    bad = _core.Model(str(dtype).removeprefix("torch."), 1)
+    with pytest.raises(ai3.InvalidArgumentError, match=r"conv2d.*input scale.*1 input"):
+        bad.add("conv2d", "c", [0], {"weight": w, "input_scale": True})
+
+
 class ChannelsLastBlocks(nn.Module):
     """Convolutions between permutes to and from channels last, as ConvNeXt
     runs them: ``mode`` picks the convolution (``depthwise`` 7x7, a

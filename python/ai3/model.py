@@ -77,7 +77,9 @@ class Summary(Sequence):
     node of the graph, printed as an aligned table.
 
     ``rows`` holds the data, one dict per node with ``name``, ``op``,
-    ``fused`` (the activation fused into the node, or ``None``),
+    ``fused`` (what was fused into the node, joined by ``+`` in the order
+    it applies: ``'mul'`` for a scale of its input's channels, ``'add'`` for
+    a residual, the activation's name; or ``None``),
     ``algorithm`` (the one that runs for these shapes; ``'default'`` is
     resolved), ``input_shapes``, ``output_shape``, ``layout`` (the memory
     layout the node computes in: ``'NCHW'``, or ``'NCHW8c'``, channels in

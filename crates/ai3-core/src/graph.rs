@@ -89,15 +89,19 @@ struct Chunks {
 /// 24.5 ms).
 const CHUNK_BYTES: usize = 12 << 20;
 
-/// What a summary says was fused into `op`: `"add"` for a residual, the
-/// activation's name, both as `"add+relu"`, or nothing.
+/// What a summary says was fused into `op`, joined by `+` in the order
+/// they apply: `"mul"` for an input scale, `"add"` for a residual, the
+/// activation's name (`"mul+add+relu"`), or nothing.
 fn fused_name(op: &dyn Operation) -> Option<String> {
-    let residual = op.fused_residual().then(|| OpKind::Add.name().to_string());
-    let activation = op.fused_activation().map(|k| k.name().to_string());
-    match (residual, activation) {
-        (Some(r), Some(a)) => Some(format!("{r}+{a}")),
-        (r, a) => r.or(a),
-    }
+    let parts: Vec<&str> = [
+        op.fused_input_scale().then(|| OpKind::Mul.name()),
+        op.fused_residual().then(|| OpKind::Add.name()),
+        op.fused_activation().map(|k| k.name()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| parts.join("+"))
 }
 
 /// Work (the sum of every node's [`Operation::work`], in multiply-adds)

@@ -5,8 +5,9 @@ use super::attrs::{optional, required, Arity, OpSpec, ParamKind as K};
 use std::sync::OnceLock;
 
 use ai3_kernels::alloc::checked_sum;
+use ai3_kernels::cpu::binary;
 use ai3_kernels::cpu::blocked::pointwise::{self, Pointwise, Subsample};
-use ai3_kernels::cpu::blocked::Fused;
+use ai3_kernels::cpu::blocked::{self, scaled, Fused};
 use ai3_kernels::cpu::conv2d::{depthwise, direct, fft, gemm, smm, tiled, winograd, Epilogue};
 use ai3_kernels::cpu::linear::{self, packed::PackedWeight};
 use ai3_kernels::cpu::pad::pad2d;
@@ -59,6 +60,10 @@ pub struct Conv2d {
     /// Whether the node reads a second input of the output's shape, added to
     /// the output before the activation (ResNet's skip connection).
     residual: bool,
+    /// Whether the node reads a last input, `[n or 1, in_channels, 1, 1]`,
+    /// that multiplies the input's channels before the convolution
+    /// (squeeze-and-excitation's `conv(x * s)`).
+    input_scale: bool,
 }
 
 impl Conv2d {
@@ -139,6 +144,7 @@ impl Conv2d {
             nhwc_packed: OnceLock::new(),
             activation: None,
             residual: false,
+            input_scale: false,
         };
         if let Request::Named(algo) = request {
             // An input large enough for any kernel, so only shape-independent
@@ -181,15 +187,68 @@ impl Conv2d {
         self
     }
 
-    /// The input and, with a fused residual, the residual.
-    fn split<'a, T: ?Sized>(&self, inputs: &[&'a T]) -> Result<(&'a T, Option<&'a T>)> {
-        super::with_residual(OP, self.residual, inputs)
+    /// Makes the layer read a last input, `[n, in_channels, 1, 1]` (or a
+    /// batch of 1; `[in_channels, 1, 1]` for an unbatched input), that
+    /// multiplies each image's input channels before the convolution:
+    /// `conv(x * scale)`, squeeze-and-excitation's scaling folded into the
+    /// layer that reads it. The blocked 1x1 kernel scales its weights per
+    /// image rather than the input where that is less work.
+    pub fn with_input_scale(mut self, input_scale: bool) -> Self {
+        self.input_scale = input_scale;
+        self
     }
 
-    /// The output shape for input shape `x`, checked against the residual's.
-    fn checked_output_shape(&self, x: &[usize], residual: Option<&[usize]>) -> Result<Vec<usize>> {
+    /// The input, the residual (with a fused one) and the input scale (with
+    /// a fused one), in that order.
+    #[allow(clippy::type_complexity)]
+    fn split<'a, T: ?Sized>(
+        &self,
+        inputs: &[&'a T],
+    ) -> Result<(&'a T, Option<&'a T>, Option<&'a T>)> {
+        let want = 1 + usize::from(self.residual) + usize::from(self.input_scale);
+        if inputs.len() != want {
+            return Err(Error::internal(
+                OP.name(),
+                format!("expected {want} input(s), got {}", inputs.len()),
+            ));
+        }
+        Ok((
+            inputs[0],
+            self.residual.then(|| inputs[1]),
+            self.input_scale.then(|| inputs[want - 1]),
+        ))
+    }
+
+    /// The output shape for input shape `x`, checked against the residual's
+    /// and the input scale's.
+    fn checked_output_shape(
+        &self,
+        x: &[usize],
+        residual: Option<&[usize]>,
+        scale: Option<&[usize]>,
+    ) -> Result<Vec<usize>> {
         let (p, batched) = self.params_for(x)?;
         let out = image_shape(batched, p.batch, p.out_channels, p.out_h(), p.out_w());
+        if let Some(s) = scale {
+            let one = image_shape(batched, 1, p.in_channels, 1, 1);
+            let each = image_shape(batched, p.batch, p.in_channels, 1, 1);
+            if s != one.as_slice() && s != each.as_slice() {
+                return Err(Error::shape(
+                    OP.name(),
+                    format!(
+                        "the scale of the input's channels must have shape {}{}, got {} ({})",
+                        shape_str(&each),
+                        if one != each {
+                            format!(" or {}", shape_str(&one))
+                        } else {
+                            String::new()
+                        },
+                        shape_str(s),
+                        self.context(x)
+                    ),
+                ));
+            }
+        }
         if let Some(r) = residual {
             if r != out.as_slice() {
                 return Err(Error::shape(
@@ -261,6 +320,27 @@ impl Conv2d {
         };
         p.stride = (fit(p.stride.0, ph, eh), fit(p.stride.1, pw, ew));
         Ok(p)
+    }
+
+    /// `x` with its channels multiplied by `scale` (NCHW, shapes checked):
+    /// a fused input scale for the kernels that have none of their own.
+    fn scaled_input(&self, x: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        let mut t = Tensor::unfilled(x.dtype(), x.shape()).map_err(|e| {
+            e.with_op(OP.name())
+                .map_msg(|m| format!("{m} (the scaled input; {})", self.context(x.shape())))
+        })?;
+        with_dtype!(x.dtype(), T, {
+            let done = binary::broadcast(
+                x.as_slice::<T>()?,
+                x.shape(),
+                scale.as_slice::<T>()?,
+                scale.shape(),
+                t.as_mut_slice::<T>()?,
+                |v, c| v * c,
+            );
+            kernel_result(OP, done, || self.context(x.shape()))?;
+        });
+        Ok(t)
     }
 
     /// The shapes and hyperparameters behind a problem, for messages.
@@ -559,6 +639,7 @@ impl Conv2d {
     /// that no reorder into blocks (8 lanes for 3 channels) runs before it.
     fn reads_nchw(&self, p: &Conv2dParams) -> bool {
         !self.residual
+            && !self.input_scale
             && p.in_channels < ai3_kernels::cpu::blocked::BLOCK
             && !depthwise::applies_blocked(p)
             && direct::reads_nchw_into_blocked(p)
@@ -688,6 +769,10 @@ impl Operation for Conv2d {
         self.residual
     }
 
+    fn fused_input_scale(&self) -> bool {
+        self.input_scale
+    }
+
     fn algorithm_for(&self, input_shape: &[usize]) -> Result<String> {
         let (p, _) = self.params_for(input_shape)?;
         Ok(self.algorithm(&p)?.name().into())
@@ -701,12 +786,12 @@ impl Operation for Conv2d {
     }
 
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
-        let (x, residual) = self.split(inputs)?;
-        self.checked_output_shape(x, residual)
+        let (x, residual, scale) = self.split(inputs)?;
+        self.checked_output_shape(x, residual, scale)
     }
 
     fn blocked(&self, inputs: &[&[usize]]) -> Blocked {
-        let Ok((x, _)) = self.split(inputs) else {
+        let Ok((x, _, _)) = self.split(inputs) else {
             return Blocked::No;
         };
         match self.params_for(x) {
@@ -723,7 +808,7 @@ impl Operation for Conv2d {
     }
 
     fn blocked_algorithm_for(&self, inputs: &[&[usize]]) -> Result<String> {
-        let (x, _) = self.split(inputs)?;
+        let (x, _, _) = self.split(inputs)?;
         let (p, _) = self.params_for(x)?;
         match self.blocked_kernel(&p) {
             Some((algorithm, _)) => Ok(algorithm.name().into()),
@@ -737,8 +822,8 @@ impl Operation for Conv2d {
         shapes: &[&[usize]],
         output: &mut Tensor,
     ) -> Result<()> {
-        let (x, residual) = self.split(inputs)?;
-        let (shape, _) = self.split(shapes)?;
+        let (x, residual, scale) = self.split(inputs)?;
+        let (shape, _, scale_shape) = self.split(shapes)?;
         let (p, _) = self.params_for(shape)?;
         let context = || format!("{}, channel-blocked layout", self.context(shape));
         let w = self.weight.as_slice::<f32>()?;
@@ -773,8 +858,43 @@ impl Operation for Conv2d {
                 ),
             ));
         }
+        let kernel = (self.blocked_kernel(&p), pointwise_shape(&p));
+        // The input scale: the 1x1 kernel's own (scaled weights, or a
+        // scaled copy it reads while in cache); for the other kernels a
+        // scaled copy of the input, in blocks.
+        let scale = match (scale, scale_shape) {
+            (Some(t), Some(&[sn, ..])) => Some((t.as_slice::<f32>()?, sn)),
+            (None, _) => None,
+            _ => {
+                return Err(Error::internal(
+                    OP.name(),
+                    "a blocked input scale is not 4-D",
+                ))
+            }
+        };
+        let copy = match (scale, kernel) {
+            (Some(_), (Some((Algorithm::Gemm, _)), Some(_))) | (None, _) | (_, (None, _)) => None,
+            (Some((sv, sn)), _) => {
+                let mut t =
+                    Tensor::unfilled(x.dtype(), x.shape()).map_err(|e| e.with_op(OP.name()))?;
+                let done = blocked::per_channel(
+                    p.batch,
+                    p.in_channels,
+                    p.in_h * p.in_w,
+                    x.as_slice::<f32>()?,
+                    sv,
+                    sn,
+                    t.as_mut_slice::<f32>()?,
+                    |v, c| v * c,
+                    |_| {},
+                );
+                kernel_result(OP, done, context)?;
+                Some(t)
+            }
+        };
+        let x = copy.as_ref().unwrap_or(x);
         let (x, out) = (x.as_slice::<f32>()?, output.as_mut_slice::<f32>()?);
-        let done = match (self.blocked_kernel(&p), pointwise_shape(&p)) {
+        let done = match kernel {
             (Some((Algorithm::Direct, _)), _) if depthwise::applies_blocked(&p) => {
                 let packed = self.depthwise_packed(&p, context)?;
                 depthwise::conv2d_blocked(&p, x, packed, out, fused, after)
@@ -797,7 +917,10 @@ impl Operation for Conv2d {
                 let packed = prepared(&self.pointwise_packed, len, context, |d| {
                     pointwise::pack(&s, w, b, d)
                 })?;
-                pointwise::conv2d(&s, x, packed, out, fused, after)
+                match scale {
+                    Some((sv, sn)) => scaled::conv2d(&s, x, sv, sn, packed, out, fused, after),
+                    None => pointwise::conv2d(&s, x, packed, out, fused, after),
+                }
             }
             // Planned blocked with an algorithm that has changed since
             // (`'default'` follows the thread count).
@@ -810,7 +933,7 @@ impl Operation for Conv2d {
     }
 
     fn channels_last(&self, inputs: &[&[usize]]) -> bool {
-        let Ok((x, None)) = self.split(inputs) else {
+        let Ok((x, None, None)) = self.split(inputs) else {
             return false;
         };
         if self.activation.is_some() || self.padding_mode != PadMode::Zeros {
@@ -823,7 +946,7 @@ impl Operation for Conv2d {
     }
 
     fn forward_channels_last(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
-        let (x, _) = self.split(inputs)?;
+        let (x, _, _) = self.split(inputs)?;
         let &[n, h, w, c] = x.shape() else {
             return Err(Error::internal(
                 OP.name(),
@@ -869,12 +992,24 @@ impl Operation for Conv2d {
     }
 
     fn forward(&self, inputs: &[&Tensor], output: &mut Tensor) -> Result<()> {
-        let (x, residual) = self.split(inputs)?;
+        let (x, residual, scale) = self.split(inputs)?;
         check_weight_dtype(OP, "input", x, self.weight.dtype())?;
         if let Some(r) = residual {
             check_weight_dtype(OP, "residual", r, self.weight.dtype())?;
-            self.checked_output_shape(x.shape(), Some(r.shape()))?;
         }
+        if let Some(s) = scale {
+            check_weight_dtype(OP, "input scale", s, self.weight.dtype())?;
+        }
+        if residual.is_some() || scale.is_some() {
+            self.checked_output_shape(
+                x.shape(),
+                residual.map(Tensor::shape),
+                scale.map(Tensor::shape),
+            )?;
+        }
+        // The input scaled first: the kernels read it as any input.
+        let scaled = scale.map(|s| self.scaled_input(x, s)).transpose()?;
+        let x = scaled.as_ref().unwrap_or(x);
         let (p, _) = self.params_for(x.shape())?;
         let shape = x.shape();
         with_dtype!(x.dtype(), T, {
@@ -944,9 +1079,11 @@ fn pad_mode(name: &str) -> Result<PadMode> {
 /// `bias`, `stride`, `padding` `[top, bottom, left, right]`, `dilation`,
 /// `groups`, `padding_mode` (PyTorch's), and a fused `activation`. A second
 /// input, of the output's shape, is a residual added before the activation.
+/// `input_scale`: the last input, `[n or 1, in_channels, 1, 1]`, multiplies
+/// the input's channels first (see [`Conv2d::with_input_scale`]).
 /// `channels_last`: input and output are `[n, h, w, c]` ([`ChannelsLast`]).
 pub const SPEC: OpSpec = OpSpec {
-    inputs: Arity::between(1, 2),
+    inputs: Arity::between(1, 3),
     params: &[
         required("weight", K::Tensor),
         optional("bias", K::Tensor),
@@ -957,6 +1094,7 @@ pub const SPEC: OpSpec = OpSpec {
         optional("padding_mode", K::Str),
         optional("activation", K::Activation),
         optional("channels_last", K::Bool),
+        optional("input_scale", K::Bool),
     ],
     build: |a| {
         let weight = a.required_tensor("weight")?;
@@ -978,17 +1116,37 @@ pub const SPEC: OpSpec = OpSpec {
             pad_mode(a.str_or("padding_mode", "zeros")?)?,
             a.request,
         )?;
-        let residual = a.num_inputs == 2;
+        let input_scale = a.bool_or("input_scale", false)?;
+        // The input, then a residual, then (with input_scale) the scale.
+        let residual = match a.num_inputs.checked_sub(1 + usize::from(input_scale)) {
+            Some(0) => false,
+            Some(1) => true,
+            _ => {
+                return Err(Error::invalid(
+                    OP.name(),
+                    format!(
+                        "takes the input, an optional residual{}: got {} input(s)",
+                        if input_scale {
+                            " and the input scale"
+                        } else {
+                            ""
+                        },
+                        a.num_inputs
+                    ),
+                ))
+            }
+        };
         let conv = conv
             .with_activation(a.activation("activation")?)
-            .with_residual(residual);
+            .with_residual(residual)
+            .with_input_scale(input_scale);
         if !a.bool_or("channels_last", false)? {
             return Ok(Box::new(conv));
         }
-        if residual {
+        if residual || input_scale {
             return Err(Error::invalid(
                 OP.name(),
-                "a channels-last convolution takes no residual input",
+                "a channels-last convolution takes no residual input or input scale",
             ));
         }
         Ok(Box::new(ChannelsLast { conv }))

@@ -91,6 +91,11 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn fused_residual(&self) -> bool {
         false
     }
+    /// Whether this node multiplies its input's channels by a scale (its
+    /// last input) before computing, fused at convert time, for summaries.
+    fn fused_input_scale(&self) -> bool {
+        false
+    }
     /// When the output is the inputs laid end to end (a concatenation whose
     /// dimensions before the axis are all 1), where each input starts in it,
     /// in elements; `None` otherwise. The memory planner may then place the

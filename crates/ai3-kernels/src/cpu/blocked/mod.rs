@@ -20,6 +20,7 @@
 //! portable.
 
 pub mod pointwise;
+pub mod scaled;
 pub(crate) mod tile;
 
 use rayon::prelude::*;

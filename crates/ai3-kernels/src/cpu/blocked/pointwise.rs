@@ -158,7 +158,7 @@ impl Subsample {
 
 impl Pointwise {
     /// Pixels per input plane.
-    fn in_plane(&self) -> usize {
+    pub(super) fn in_plane(&self) -> usize {
         self.subsample.map_or(self.plane, |u| u.in_h * u.in_w)
     }
     fn in_blocks(&self) -> usize {
@@ -169,7 +169,7 @@ impl Pointwise {
     }
     /// The packed weights' layout: a row per input channel (padded to
     /// blocks).
-    fn weights(&self) -> PackedWeights {
+    pub(super) fn weights(&self) -> PackedWeights {
         PackedWeights::new(self.out_blocks(), self.in_blocks() * BLOCK, true)
     }
     /// Elements of the packed weights and bias ([`pack`]).
@@ -237,17 +237,14 @@ pub fn pack<T: crate::Float>(
     Ok(())
 }
 
-/// The 1x1 convolution `s` from blocked `input` with weights [`pack`]ed
-/// into `packed`, into blocked `output`, with `fused` applied in registers
-/// and then `epilogue` to each finished strip (offsets in the blocked
-/// output). Needs [`available`](super::available).
-pub fn conv2d(
+/// Checks [`conv2d`]'s arguments: a strided layer's planes, the buffers'
+/// lengths, the fused bounds, and that the blocked kernels run here.
+pub(super) fn check(
     s: &Pointwise,
     input: &[f32],
     packed: &[f32],
-    output: &mut [f32],
+    output: &[f32],
     fused: Fused<'_>,
-    epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
     if let Some(u) = s.subsample {
         let (h, w) = u.out_hw();
@@ -274,6 +271,22 @@ pub fn conv2d(
             what: "the blocked 1x1 convolution needs AVX2 and FMA",
         });
     }
+    Ok(())
+}
+
+/// The 1x1 convolution `s` from blocked `input` with weights [`pack`]ed
+/// into `packed`, into blocked `output`, with `fused` applied in registers
+/// and then `epilogue` to each finished strip (offsets in the blocked
+/// output). Needs [`available`](super::available).
+pub fn conv2d(
+    s: &Pointwise,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    fused: Fused<'_>,
+    epilogue: Option<Epilogue<f32>>,
+) -> KernelResult<()> {
+    check(s, input, packed, output, fused)?;
     #[cfg(target_arch = "x86_64")]
     run_strided(
         s,
@@ -303,7 +316,7 @@ fn run_strided(
     sweep_bytes: usize,
 ) -> KernelResult<()> {
     let Some(u) = s.subsample else {
-        run(s, input, packed, output, fused, epilogue, sweep_bytes);
+        run(s, input, packed, 0, output, fused, epilogue, sweep_bytes);
         return Ok(());
     };
     let len = super::blocked_len(s.batch, s.in_channels, s.plane)?;
@@ -313,7 +326,7 @@ fn run_strided(
             subsample: None,
             ..*s
         };
-        run(&s, x, packed, output, fused, epilogue, sweep_bytes)
+        run(&s, x, packed, 0, output, fused, epilogue, sweep_bytes)
     })
 }
 
@@ -345,13 +358,51 @@ fn subsample(s: &Pointwise, u: &Subsample, input: &[f32], out: &mut [f32]) {
     }
 }
 
+/// [`conv2d`] of a stride-1 layer whose images each have weights of their
+/// own: image `n`'s packed weights start at `n * w_image` in `packed`, the
+/// bias (one for all) ends it. Its arguments checked as [`conv2d`]'s, but
+/// `packed`'s length.
+pub(super) fn conv2d_per_image(
+    s: &Pointwise,
+    input: &[f32],
+    packed: &[f32],
+    w_image: usize,
+    output: &mut [f32],
+    fused: Fused<'_>,
+    epilogue: Option<Epilogue<f32>>,
+) {
+    debug_assert!(s.subsample.is_none());
+    debug_assert_eq!(
+        packed.len(),
+        s.weights().len() + (s.batch.max(1) - 1) * w_image + s.out_blocks() * BLOCK,
+        "per-image weights"
+    );
+    #[cfg(target_arch = "x86_64")]
+    run(
+        s,
+        input,
+        packed,
+        w_image,
+        output,
+        fused,
+        epilogue,
+        sweep_input_bytes(),
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, input, packed, w_image, output, fused, epilogue);
+}
+
 /// [`conv2d`] past its checks, with runs swept by tiles of output blocks
-/// where `sweep_bytes` ([`sweep_input_bytes`]) allows.
+/// where `sweep_bytes` ([`sweep_input_bytes`]) allows; image `n` reads its
+/// weights from `n * w_image` in `packed` (0: one set for all), whose last
+/// elements are the bias.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 fn run(
     s: &Pointwise,
     input: &[f32],
     packed: &[f32],
+    w_image: usize,
     output: &mut [f32],
     fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
@@ -501,7 +552,7 @@ fn run(
     // and clamp), which only the other order does without a chunk to sweep.
     let sweep = icb > 0 && (narrow || input_fits || weights_fit || chunk < icb);
     let tasks = s.batch * groups * runs;
-    let bias = &packed[layout.len()..];
+    let bias = &packed[packed.len() - ocb * BLOCK..];
     let out = SharedMut(output.as_mut_ptr());
     let task = |t: usize| {
         let out = &out;
@@ -521,7 +572,7 @@ fn run(
                 x.as_ptr().wrapping_add(p * BLOCK),
                 plane * BLOCK,
                 icb,
-                packed.as_ptr().wrapping_add(layout.start(ob)),
+                packed.as_ptr().wrapping_add(n * w_image + layout.start(ob)),
                 w_stride,
                 layout.pairs,
                 bias.as_ptr().wrapping_add(ob * BLOCK),
