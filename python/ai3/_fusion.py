@@ -327,7 +327,7 @@ def _residual_layer(lw: Lowerer, steps: list[Step], add: Step) -> tuple[Step, in
 #: least this many (32 -> 16 at 112x112 to 240 -> 40 at 28x28) took 0.77-0.96x
 #: the time of the mul and the convolution at batch 1 and 0.75-0.93x at
 #: batch 10; at 14x14 and 7x7 (from 240 -> 80 at 14x14 on), where the
-#: weights are a third of the input or more, 1.03-1.15x: those keep the
+#: weights are a third of the input or more, 1.00-1.16x: those keep the
 #: ``mul``. Whole networks with this rule (the same measure, calls
 #: alternating, 300 at batch 1, 40 at batch 10, two runs): efficientnet_b0
 #: 0.95-0.98x the time at batch 1 and 0.96-0.98x at batch 10,

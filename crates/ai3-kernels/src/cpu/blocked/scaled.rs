@@ -26,7 +26,7 @@ use crate::cpu::scratch::with_scratch_named;
 /// well as to write: in efficientnet_b0 on a 2-core Zen 4 with AVX-512
 /// (the layer against a `mul` node and the unscaled layer, per-node
 /// medians) weights a third to a half of the input (240 -> 80 to 672 ->
-/// 112 at 14x14) took 1.03-1.15x the time at batch 1 and 10, and weights
+/// 112 at 14x14) took 1.07-1.16x the time at batch 1 and 10, and weights
 /// 1% to 6% of it (32 -> 16 at 112x112 to 240 -> 40 at 28x28) 0.75-0.96x.
 const WEIGHTS_PER_INPUT: usize = 8;
 
