@@ -677,85 +677,168 @@ pub(crate) fn tile(
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::cpu::blocked::{blocked_len, from_blocked, to_blocked};
     use crate::cpu::test_util::{cast, Rng};
 
-    fn case(s: Pointwise, bias: bool) {
-        let mut rng = Rng::new((s.in_channels * 13 + s.out_channels * 7 + s.plane) as u64);
-        let in_plane = s.in_plane();
-        let x = rng.vec(s.batch * s.in_channels * in_plane);
-        // The input pixel output pixel q reads.
-        let src = |q: usize| match s.subsample {
-            None => q,
-            Some(u) => {
-                let ow = u.out_hw().1;
-                (q / ow) * u.stride.0 * u.in_w + (q % ow) * u.stride.1
+    /// A layer's random operands, in f64 and NCHW, and what they make.
+    pub(in crate::cpu::blocked) struct Case {
+        pub s: Pointwise,
+        pub x: Vec<f64>,
+        pub w: Vec<f64>,
+        pub b: Vec<f64>,
+        pub residual: Vec<f64>,
+        /// The input and residual in the blocked layout, the weights and
+        /// bias (if `bias`) packed, all f32.
+        pub xb: Vec<f32>,
+        pub rb: Vec<f32>,
+        pub packed: Vec<f32>,
+    }
+
+    impl Case {
+        pub fn new(s: Pointwise, bias: bool, seed: u64) -> Self {
+            let mut rng = Rng::new(seed);
+            let x = rng.vec(s.batch * s.in_channels * s.in_plane());
+            let w = rng.vec(s.out_channels * s.in_channels);
+            let b = rng.vec(s.out_channels);
+            let residual = rng.vec(s.batch * s.out_channels * s.plane);
+            let xb = blocked(&x, s.batch, s.in_channels, s.in_plane());
+            let rb = blocked(&residual, s.batch, s.out_channels, s.plane);
+            let mut packed = vec![f32::NAN; s.packed_len().unwrap()];
+            let bf: Vec<f32> = cast(&b);
+            pack(&s, &cast::<f32>(&w), bias.then_some(&bf[..]), &mut packed).unwrap();
+            let b = if bias { b } else { vec![0.0; s.out_channels] };
+            Case {
+                s,
+                x,
+                w,
+                b,
+                residual,
+                xb,
+                rb,
+                packed,
             }
-        };
-        let w = rng.vec(s.out_channels * s.in_channels);
-        let b = rng.vec(s.out_channels);
-        let residual = rng.vec(s.batch * s.out_channels * s.plane);
-        // Reference in f64, NCHW, with the residual and a ReLU.
-        let mut want = vec![0.0f64; s.batch * s.out_channels * s.plane];
-        for n in 0..s.batch {
-            for o in 0..s.out_channels {
-                for q in 0..s.plane {
-                    let mut acc = if bias { b[o] } else { 0.0 };
-                    for i in 0..s.in_channels {
-                        acc += w[o * s.in_channels + i]
-                            * x[(n * s.in_channels + i) * in_plane + src(q)];
+        }
+
+        /// The layer in f64, NCHW, with input channel `i` of image `n`
+        /// first multiplied by `scale[n % batch][i]` if given (`scale`'s
+        /// images), then the residual added and a ReLU.
+        pub fn want(&self, scale: Option<(&[f64], usize)>) -> Vec<f64> {
+            let s = &self.s;
+            let in_plane = s.in_plane();
+            // The input pixel output pixel q reads.
+            let src = |q: usize| match s.subsample {
+                None => q,
+                Some(u) => {
+                    let ow = u.out_hw().1;
+                    (q / ow) * u.stride.0 * u.in_w + (q % ow) * u.stride.1
+                }
+            };
+            let mut want = vec![0.0f64; self.residual.len()];
+            for n in 0..s.batch {
+                for o in 0..s.out_channels {
+                    for q in 0..s.plane {
+                        let mut acc = self.b[o];
+                        for i in 0..s.in_channels {
+                            let c =
+                                scale.map_or(1.0, |(v, images)| v[n % images * s.in_channels + i]);
+                            acc += self.w[o * s.in_channels + i]
+                                * self.x[(n * s.in_channels + i) * in_plane + src(q)]
+                                * c;
+                        }
+                        let k = (n * s.out_channels + o) * s.plane + q;
+                        want[k] = (acc + self.residual[k]).max(0.0);
                     }
-                    let k = (n * s.out_channels + o) * s.plane + q;
-                    want[k] = (acc + residual[k]).max(0.0);
+                }
+            }
+            want
+        }
+
+        /// The residual and a ReLU as an epilogue over the blocked output,
+        /// and as fused.
+        pub fn epilogue(&self) -> impl Fn(usize, &mut [f32]) + Sync + '_ {
+            |at: usize, strip: &mut [f32]| {
+                for (o, r) in strip.iter_mut().zip(&self.rb[at..]) {
+                    *o = (*o + r).max(0.0);
                 }
             }
         }
-        let xf: Vec<f32> = cast(&x);
-        let mut xb = vec![0.0; blocked_len(s.batch, s.in_channels, in_plane).unwrap()];
-        to_blocked(s.batch, s.in_channels, in_plane, &xf, &mut xb).unwrap();
-        let rf: Vec<f32> = cast(&residual);
-        let mut rb = vec![0.0; blocked_len(s.batch, s.out_channels, s.plane).unwrap()];
-        to_blocked(s.batch, s.out_channels, s.plane, &rf, &mut rb).unwrap();
-        let mut packed = vec![f32::NAN; s.packed_len().unwrap()];
-        let bf: Vec<f32> = cast(&b);
-        pack(&s, &cast::<f32>(&w), bias.then_some(&bf[..]), &mut packed).unwrap();
-        // The residual and ReLU as an epilogue, then fused in registers.
-        let e = |at: usize, strip: &mut [f32]| {
-            for (o, r) in strip.iter_mut().zip(&rb[at..]) {
-                *o = (*o + r).max(0.0);
+        pub fn fused(&self) -> Fused<'_> {
+            Fused {
+                residual: Some(&self.rb),
+                clamp: Some((0.0, f32::INFINITY)),
             }
-        };
-        let fused = Fused {
-            residual: Some(&rb),
-            clamp: Some((0.0, f32::INFINITY)),
-        };
+        }
+
+        /// Checks the blocked output `ob` against `want`: finite (padding
+        /// lanes too), and within f32's rounding of the reduction.
+        pub fn check(&self, ob: &[f32], want: &[f64], what: &str) {
+            let s = &self.s;
+            assert!(ob.iter().all(|v| v.is_finite()), "{s:?} {what}");
+            let mut got = vec![0.0f32; want.len()];
+            from_blocked(s.batch, s.out_channels, s.plane, ob, &mut got).unwrap();
+            let tol = 1e-4 * (s.in_channels.max(1) as f64).sqrt();
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+                    "{s:?} {what} at {i}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    /// A stride-1 layer: `(batch, in_channels, out_channels, plane)`.
+    pub(in crate::cpu::blocked) fn plain(
+        (batch, in_channels, out_channels, plane): (usize, usize, usize, usize),
+    ) -> Pointwise {
+        Pointwise {
+            batch,
+            in_channels,
+            out_channels,
+            plane,
+            subsample: None,
+        }
+    }
+
+    /// `v` (`[n, c, plane]`) in the blocked layout, as f32.
+    pub(in crate::cpu::blocked) fn blocked(
+        v: &[f64],
+        n: usize,
+        c: usize,
+        plane: usize,
+    ) -> Vec<f32> {
+        let mut out = vec![0.0f32; blocked_len(n, c, plane).unwrap()];
+        to_blocked(n, c, plane, &cast::<f32>(v), &mut out).unwrap();
+        out
+    }
+
+    fn case(s: Pointwise, bias: bool) {
+        let c = Case::new(
+            s,
+            bias,
+            (s.in_channels * 13 + s.out_channels * 7 + s.plane) as u64,
+        );
+        let want = c.want(None);
+        let e = c.epilogue();
         // Through conv2d, then each loop order whatever the ISA level's
         // choice (never sweeping, sweeping where runs fit, deep reductions
         // in chunks, and in many small chunks with a budget of 4 KB).
         let runs = [None, Some(0), Some(SWEEP_L1_BYTES), Some(4 << 10)];
-        let fusions = [(Fused::default(), Some(&e as Epilogue<f32>)), (fused, None)];
+        let fusions = [
+            (Fused::default(), Some(&e as Epilogue<f32>)),
+            (c.fused(), None),
+        ];
         for (sweep, (fused, epilogue)) in runs.into_iter().flat_map(|r| fusions.map(|f| (r, f))) {
-            let mut ob = vec![f32::NAN; rb.len()];
+            let mut ob = vec![f32::NAN; c.rb.len()];
             match sweep {
-                None => conv2d(&s, &xb, &packed, &mut ob, fused, epilogue).unwrap(),
+                None => conv2d(&s, &c.xb, &c.packed, &mut ob, fused, epilogue).unwrap(),
                 Some(bytes) => {
-                    run_strided(&s, &xb, &packed, &mut ob, fused, epilogue, bytes).unwrap()
+                    run_strided(&s, &c.xb, &c.packed, &mut ob, fused, epilogue, bytes).unwrap()
                 }
             }
-            // Padding lanes stay zero-based: finite.
-            assert!(ob.iter().all(|v| v.is_finite()), "{s:?}");
-            let mut got = vec![0.0f32; want.len()];
-            from_blocked(s.batch, s.out_channels, s.plane, &ob, &mut got).unwrap();
-            let tol = 1e-4 * (s.in_channels.max(1) as f64).sqrt();
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
-                    "{s:?} fused={} sweep={sweep:?} at {i}: {g} vs {w}",
-                    epilogue.is_none()
-                );
-            }
+            let what = format!("fused={} sweep={sweep:?}", epilogue.is_none());
+            c.check(&ob, &want, &what);
         }
     }
 
@@ -763,13 +846,6 @@ mod tests {
     /// that leave partial tiles and several tasks, groups of blocks smaller
     /// than the layer (many input channels), both loop orders.
     fn grid() {
-        let plain = |(batch, in_channels, out_channels, plane)| Pointwise {
-            batch,
-            in_channels,
-            out_channels,
-            plane,
-            subsample: None,
-        };
         let cases = [
             (1, 8, 8, 1),
             (1, 3, 5, 7),

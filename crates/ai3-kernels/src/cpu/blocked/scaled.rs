@@ -138,86 +138,44 @@ fn scale_rows(packed: &[f32], row: usize, sv: &[f32], w: &mut [f32]) {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::cpu::blocked::{from_blocked, to_blocked};
-    use crate::cpu::test_util::{cast, Rng};
+    use crate::cpu::blocked::pointwise::tests::{blocked, plain, Case};
+    use crate::cpu::test_util::Rng;
 
     /// `s` with a scale of `scale_batch` images, against an f64 reference
     /// that scales the input first, with a residual and a clamp fused or
     /// as an epilogue.
     fn case(s: Pointwise, scale_batch: usize) {
-        let mut rng = Rng::new((s.in_channels * 31 + s.out_channels * 5 + s.plane) as u64);
-        let in_plane = s.in_plane();
-        let x = rng.vec(s.batch * s.in_channels * in_plane);
-        let sc = rng.vec(scale_batch * s.in_channels);
-        let w = rng.vec(s.out_channels * s.in_channels);
-        let b = rng.vec(s.out_channels);
-        let residual = rng.vec(s.batch * s.out_channels * s.plane);
-        let src = |q: usize| match s.subsample {
-            None => q,
-            Some(u) => {
-                let ow = u.out_hw().1;
-                (q / ow) * u.stride.0 * u.in_w + (q % ow) * u.stride.1
-            }
-        };
-        let mut want = vec![0.0f64; residual.len()];
-        for n in 0..s.batch {
-            for o in 0..s.out_channels {
-                for q in 0..s.plane {
-                    let mut acc = b[o];
-                    for i in 0..s.in_channels {
-                        let v = x[(n * s.in_channels + i) * in_plane + src(q)];
-                        acc +=
-                            w[o * s.in_channels + i] * v * sc[n % scale_batch * s.in_channels + i];
-                    }
-                    let k = (n * s.out_channels + o) * s.plane + q;
-                    want[k] = (acc + residual[k]).max(0.0);
-                }
-            }
-        }
-        let blocked = |v: &[f64], n: usize, c: usize, plane: usize| {
-            let mut out = vec![0.0f32; blocked_len(n, c, plane).unwrap()];
-            to_blocked(n, c, plane, &cast::<f32>(v), &mut out).unwrap();
-            out
-        };
-        let xb = blocked(&x, s.batch, s.in_channels, in_plane);
+        let c = Case::new(
+            s,
+            true,
+            (s.in_channels * 31 + s.out_channels * 5 + s.plane) as u64,
+        );
+        let sc = Rng::new(s.plane as u64).vec(scale_batch * s.in_channels);
         let sb = blocked(&sc, scale_batch, s.in_channels, 1);
-        let rb = blocked(&residual, s.batch, s.out_channels, s.plane);
-        let mut packed = vec![f32::NAN; s.packed_len().unwrap()];
-        pointwise::pack(&s, &cast::<f32>(&w), Some(&cast::<f32>(&b)), &mut packed).unwrap();
-        let e = |at: usize, strip: &mut [f32]| {
-            for (o, r) in strip.iter_mut().zip(&rb[at..]) {
-                *o = (*o + r).max(0.0);
-            }
-        };
-        let fused = Fused {
-            residual: Some(&rb),
-            clamp: Some((0.0, f32::INFINITY)),
-        };
-        for (fused, epilogue) in [(Fused::default(), Some(&e as Epilogue<f32>)), (fused, None)] {
-            let mut ob = vec![f32::NAN; rb.len()];
-            conv2d(&s, &xb, &sb, scale_batch, &packed, &mut ob, fused, epilogue).unwrap();
-            assert!(ob.iter().all(|v| v.is_finite()), "{s:?}");
-            let mut got = vec![0.0f32; want.len()];
-            from_blocked(s.batch, s.out_channels, s.plane, &ob, &mut got).unwrap();
-            let tol = 1e-4 * (s.in_channels.max(1) as f64).sqrt();
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
-                    "{s:?} scale batch {scale_batch} epilogue={} at {i}: {g} vs {w}",
-                    epilogue.is_some()
-                );
-            }
+        let want = c.want(Some((&sc, scale_batch)));
+        let e = c.epilogue();
+        for (fused, epilogue) in [
+            (Fused::default(), Some(&e as Epilogue<f32>)),
+            (c.fused(), None),
+        ] {
+            let mut ob = vec![f32::NAN; c.rb.len()];
+            conv2d(
+                &s,
+                &c.xb,
+                &sb,
+                scale_batch,
+                &c.packed,
+                &mut ob,
+                fused,
+                epilogue,
+            )
+            .unwrap();
+            let what = format!("scale batch {scale_batch} epilogue={}", epilogue.is_some());
+            c.check(&ob, &want, &what);
         }
     }
 
     fn grid() {
-        let plain = |(batch, in_channels, out_channels, plane)| Pointwise {
-            batch,
-            in_channels,
-            out_channels,
-            plane,
-            subsample: None,
-        };
         // Weights scaled (few output channels on large planes, one image or
         // several, each with its own weights or, with a scale of batch 1,
         // shared; over the parallel size), input scaled (more output
