@@ -115,6 +115,25 @@ def test_a_mobile_network_runs_blocked_and_matches_pytorch(batch, c):
     assert_close(model(x), want)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_squeeze_excitation_folds_into_the_blocked_projection(batch):
+    """With shapes known, the first block's ``y * se(y)`` is applied by its
+    projection (``conv2d+mul+add``; the blocked 1x1 kernel scales its
+    weights per image); the second block's, on a plane of fewer pixels per
+    output channel, keeps its ``mul``."""
+    net = _scaled(mobile_net(11))
+    x = torch.randn(batch, 3, 30, 34)
+    want = reference(net, x)
+    model = ai3.convert(net, sample_input_shape=tuple(x.shape))
+    assert_close(model(x), want)
+    rows = model.summary(tuple(x.shape))
+    scaled = [r for r in rows if r["op"] == "conv2d" and r["fused"] == "mul+add"]
+    assert len(scaled) == 1 and [r["op"] for r in rows].count("mul") == 1, str(rows)
+    assert scaled[0]["layout"] == ("NCHW8c" if BLOCKED else "NCHW"), scaled
+    model.blocked_layouts = False
+    assert_close(model(x), want)
+
+
 def test_float64_stays_nchw_and_matches_pytorch():
     net = _scaled(mobile_net()).double()
     x = torch.randn(2, 3, 20, 20, dtype=torch.float64)
