@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from ai3 import _core
 from ai3.autotune.timing import interleaved_ms
+from host import cpu_name
 
 LENGTHS = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
 HEADS, DIM = 8, 64
@@ -107,7 +107,7 @@ def main() -> None:
             flush=True,
         )
     if args.out:
-        machine = {"cpu": platform.processor() or platform.machine(), "threads": ai3.get_num_threads(),
+        machine = {"cpu": cpu_name(), "threads": ai3.get_num_threads(),
                    "torch": torch.__version__}  # fmt: skip
         with open(args.out, "w") as f:
             json.dump({"machine": machine, "heads": HEADS, "dim": DIM, "rows": rows}, f, indent=1)

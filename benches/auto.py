@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from host import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["alexnet", "vgg16", "resnet50", "densenet121", "squeezenet1_1", "googlenet"]
@@ -88,15 +89,7 @@ def one(model: str, batch: int, size: int, rounds: int, seconds: float) -> dict:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def main() -> int:

@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from host import cpu_name
+
 MODELS = [
     "squeezenet1_1",
     "resnet50",
@@ -292,7 +294,7 @@ def machine(threads: int) -> dict:
     import torch
 
     info = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "threads": threads,
         "torch": torch.__version__,

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 
 import ai3
 import torch
+from host import cpu_name
 from torch import nn
 
 #: Each case runs for at least this long (both sides together), in rounds.
@@ -125,7 +125,7 @@ def fmt(r: dict) -> str:
 
 def machine() -> str:
     return (
-        f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), ai3 {ai3.__version__}"
     )
 

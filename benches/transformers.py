@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 
 import ai3
 import torch
 import torchvision
 from ai3.autotune.timing import interleaved_ms
+from host import cpu_name
 from torch import nn
 
 MODELS = ["vit_b_16", "swin_t"]
@@ -61,7 +61,7 @@ def main() -> None:
                 flush=True,
             )
     if args.out:
-        machine = {"cpu": platform.processor() or platform.machine(),
+        machine = {"cpu": cpu_name(),
                    "threads": ai3.get_num_threads(), "torch": torch.__version__}  # fmt: skip
         with open(args.out, "w") as f:
             json.dump({"machine": machine, "rows": rows}, f, indent=1)

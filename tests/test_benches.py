@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import platform
 import sys
 from pathlib import Path
 
@@ -102,3 +103,31 @@ def test_roofline_counts_flops_as_pytorch_does_and_takes_each_layers_longer_boun
     assert lin_bytes / read_gbs > 2 * net[4].weight.numel() / peak_gflops
     want += lin_bytes / read_gbs / 1e6
     assert abs(c["floor_ms"] - want) < 1e-12
+
+
+host = _load("host")
+
+CPUINFO = """processor	: 0
+vendor_id	: AuthenticAMD
+cpu family	: 25
+model		: 17
+model name	: AMD EPYC
+flags		: fpu sse2 avx avx2 fma avx512f avx512bw
+
+processor	: 1
+model name	: Something Else
+flags		: fpu
+"""
+
+
+def test_the_cpu_is_named_with_its_family_model_and_vector_level():
+    assert host.cpu_name(CPUINFO) == "AMD EPYC (family 25, model 17; AVX-512)"
+    avx2 = CPUINFO.replace(" avx512f avx512bw", "")
+    assert host.cpu_name(avx2) == "AMD EPYC (family 25, model 17; AVX2)"
+    assert host.cpu_name(avx2.replace(" fma", "")).endswith("; no AVX2)")
+    no_numbers = "model name\t: Xeon\nflags\t\t: avx2 fma\n"
+    assert host.cpu_name(no_numbers) == "Xeon (AVX2)"
+    # No model name (aarch64's /proc/cpuinfo, or none at all): the platform's.
+    fallback = platform.processor() or platform.machine()
+    assert host.cpu_name("processor\t: 0\nCPU implementer\t: 0x41\n") == fallback
+    assert host.cpu_name("") == fallback
