@@ -128,10 +128,24 @@ pub(crate) struct Tile<'a> {
     /// Blocked output only: the bounds the sums are clamped to, after the
     /// residual, before they are stored (ReLU, ReLU6; NaN passes through).
     pub clamp: Option<(f32, f32)>,
-    /// Blocked output only: the sums start from the output's values rather
-    /// than from the bias (a reduction split over input channels,
-    /// continued).
-    pub accumulate: bool,
+    /// What the sums start from: the bias, or (blocked output only) the
+    /// output's values (a reduction split over input channels, continued),
+    /// or the output's values plus the bias (a residual the output holds).
+    pub start: Start,
+}
+
+/// What a tile's sums start from ([`Tile::start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// The bias.
+    Bias,
+    /// The blocked output's values: a reduction split over input channels,
+    /// continued from the sums the last chunk stored.
+    Output,
+    /// The blocked output's values plus the bias: the first chunk of a
+    /// reduction whose output holds the residual to add (written in place
+    /// of it, see `pointwise::conv2d_onto_residual`).
+    OutputAndBias,
 }
 
 impl Tile<'_> {
@@ -282,7 +296,7 @@ unsafe fn run_avx2(nob: usize, np: usize, t: &Tile<'_>) {
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn run_avx512(nob: usize, np: usize, t: &Tile<'_>) {
     assert!(
-        t.blocked || !t.accumulate,
+        t.blocked || t.start == Start::Bias,
         "a reduction is continued from a blocked output only"
     );
     macro_rules! pixels {
@@ -433,8 +447,8 @@ pub(crate) unsafe fn clamp512(v: __m512, lo: __m512, hi: __m512) -> __m512 {
     unsafe { _mm512_min_ps(hi, _mm512_max_ps(lo, v)) }
 }
 
-/// The AVX2 tile's first sums: the bias, or where `t.accumulate`, the
-/// blocked output's values from `out` (the tile's first pixel).
+/// The AVX2 tile's first sums ([`Tile::start`]): the bias, the blocked
+/// output's values from `out` (the tile's first pixel), or both added.
 #[inline(always)]
 unsafe fn start<const OB: usize, const P: usize>(
     t: &Tile<'_>,
@@ -442,12 +456,14 @@ unsafe fn start<const OB: usize, const P: usize>(
 ) -> [[__m256; P]; OB] {
     // SAFETY: the caller vouches for the bias and the tile's output range.
     unsafe {
-        if t.accumulate {
-            std::array::from_fn(|o| {
-                std::array::from_fn(|p| _mm256_loadu_ps(out.add(o * t.out_block + p * CB)))
-            })
-        } else {
-            std::array::from_fn(|o| [_mm256_loadu_ps(t.bias.add(o * CB)); P])
+        let out = |o: usize, p: usize| _mm256_loadu_ps(out.add(o * t.out_block + p * CB));
+        let bias = |o: usize| _mm256_loadu_ps(t.bias.add(o * CB));
+        match t.start {
+            Start::Bias => std::array::from_fn(|o| [bias(o); P]),
+            Start::Output => std::array::from_fn(|o| std::array::from_fn(|p| out(o, p))),
+            Start::OutputAndBias => {
+                std::array::from_fn(|o| std::array::from_fn(|p| _mm256_add_ps(out(o, p), bias(o))))
+            }
         }
     }
 }
@@ -695,13 +711,17 @@ unsafe fn avx512<const Z: usize, const P: usize, const STEP: usize, const PAIRS:
     // SAFETY (whole body): reads and writes stay in the ranges the caller
     // vouches for (blocks below nob).
     unsafe {
-        // The sums start from the bias, or from what the output holds (a
-        // reduction continued, see `Tile::accumulate`).
+        // The sums start from the bias, from what the output holds (a
+        // reduction continued), or both (see `Tile::start`).
         let start = |lo: usize, hi: usize| -> [__m512; P] {
-            if t.accumulate {
-                std::array::from_fn(|p| pair(t.out.add(p * CB), t.out_block, lo, hi))
-            } else {
-                [pair(t.bias, CB, lo, hi); P]
+            let out = |p: usize| pair(t.out.add(p * CB), t.out_block, lo, hi);
+            match t.start {
+                Start::Bias => [pair(t.bias, CB, lo, hi); P],
+                Start::Output => std::array::from_fn(out),
+                Start::OutputAndBias => {
+                    let bias = pair(t.bias, CB, lo, hi);
+                    std::array::from_fn(|p| _mm512_add_ps(out(p), bias))
+                }
             }
         };
         let mut a0 = start(0, hi0);

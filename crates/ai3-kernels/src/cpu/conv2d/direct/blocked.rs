@@ -291,7 +291,7 @@ pub fn conv2d(
                             valid,
                             residual: residual.map_or(std::ptr::null(), |r| r[at..].as_ptr()),
                             clamp: fused.clamp,
-                            accumulate: false,
+                            start: crate::cpu::blocked::tile::Start::Bias,
                         },
                     )
                 };
