@@ -571,7 +571,8 @@ impl Graph {
         // Values placed inside a concatenation's output: they share its
         // interval, stretched over their own lifetimes, and get no place of
         // their own.
-        let homes = self.in_place_homes(&route, &intermediates);
+        let mut homes = self.in_place_homes(&route, &intermediates);
+        self.outputs_over_inputs(&route, &last_use, &intermediates, &mut homes);
         let mut own = Vec::with_capacity(intermediates.len());
         let mut slot = vec![None; total];
         for (&v, iv) in intermediates.iter().zip(&intervals) {
@@ -803,6 +804,53 @@ impl Graph {
             }
         }
         homes
+    }
+
+    /// Gives `homes` the outputs written over an input
+    /// ([`Operation::output_over_input`]: a 1x1 convolution over the
+    /// residual it adds): the output's home is the input's place (the
+    /// input's own home, where an earlier output was written over it) when
+    /// the node is the input's last reader and reads it once, and both are
+    /// intermediates of one layout and physical shape that no concatenation
+    /// places or holds. The input's place is then stretched over the
+    /// output's lifetime, so a chain of residual blocks writes one buffer.
+    fn outputs_over_inputs(
+        &self,
+        route: &Route,
+        last_use: &[Option<usize>],
+        intermediates: &[usize],
+        homes: &mut [Option<(usize, usize)>],
+    ) {
+        let total = route.shapes.len();
+        let mut free = vec![false; total];
+        for &v in intermediates {
+            free[v] = homes[v].is_none();
+        }
+        for home in homes.iter().flatten() {
+            free[home.0] = false;
+        }
+        for (s, step) in route.steps.iter().enumerate() {
+            let Step::Node(i) = *step else { continue };
+            let (reads, v) = (route.reads(step), self.nodes[i].output);
+            let shapes: Vec<&[usize]> = reads.iter().map(|&u| route.shapes[u].as_slice()).collect();
+            let blocked = route.blocked[i].has_kernel();
+            let Some(&r) = self.nodes[i]
+                .op
+                .output_over_input(&shapes, blocked)
+                .and_then(|k| reads.get(k))
+            else {
+                continue;
+            };
+            let over = free[r]
+                && free[v]
+                && last_use[r] == Some(s)
+                && reads.iter().filter(|&&u| u == r).count() == 1
+                && route.layouts[r] == route.layouts[v]
+                && route.physical(r) == route.physical(v);
+            if over {
+                homes[v] = Some(homes[r].unwrap_or((r, 0)));
+            }
+        }
     }
 
     fn plan_for(&self, input_shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
@@ -1401,6 +1449,82 @@ mod tests {
             .unwrap();
         g.set_outputs(vec![c, a]).unwrap();
         g
+    }
+
+    /// A 1x1 convolution on the blocked kernel, 16 -> 16 channels, adding
+    /// a residual (its second input) where `residual`.
+    fn pointwise(seed: usize, residual: bool) -> Box<crate::ops::Conv2d> {
+        use crate::registry::{Algorithm, Request};
+        let w: Vec<f32> = (0..256)
+            .map(|i| ((i * 7 + seed * 5) % 13) as f32 / 13.0 - 0.5)
+            .collect();
+        let conv = crate::ops::Conv2d::new(
+            Tensor::from_slice(&w, &[16, 16, 1, 1]).unwrap(),
+            None,
+            (1, 1),
+            Default::default(),
+            (1, 1),
+            1,
+            crate::ops::PadMode::Zeros,
+            Request::Named(Algorithm::Gemm),
+        )
+        .unwrap();
+        Box::new(conv.with_residual(residual))
+    }
+
+    /// ResNet's bottleneck ends: a 1x1 convolution that is its residual's
+    /// last reader is written over it, block after block in one place; a
+    /// residual read again later, or also the convolution's input, keeps
+    /// its own. The results are the NCHW run's.
+    #[test]
+    fn residual_1x1_convolutions_are_written_over_their_residual() {
+        if !ai3_kernels::cpu::blocked::available() {
+            return;
+        }
+        let mut g = Graph::new(DType::F32, 1);
+        let a = g.push("a", pointwise(0, false), vec![0]).unwrap();
+        let h1 = g.push("h1", pointwise(1, false), vec![a]).unwrap();
+        let b1 = g.push("b1", pointwise(2, true), vec![h1, a]).unwrap();
+        let h2 = g.push("h2", pointwise(3, false), vec![b1]).unwrap();
+        let b2 = g.push("b2", pointwise(4, true), vec![h2, b1]).unwrap();
+        let h3 = g.push("h3", pointwise(5, false), vec![b2]).unwrap();
+        let b3 = g.push("b3", pointwise(6, true), vec![h3, b2]).unwrap();
+        let q = g.push("q", pointwise(7, false), vec![b3]).unwrap();
+        let b4 = g.push("b4", pointwise(8, true), vec![q, q]).unwrap();
+        let add = Box::new(crate::ops::Binary::new(
+            crate::ops::BinaryKind::Add,
+            None,
+            false,
+        ));
+        let out = g.push("out", add, vec![b4, b2]).unwrap();
+        g.set_outputs(vec![out]).unwrap();
+
+        let shape = vec![1, 16, 6, 6];
+        let plan = g.make_plan(std::slice::from_ref(&shape)).unwrap();
+        let at = |v: usize| plan.offsets[v].unwrap();
+        assert_eq!((at(b1), at(b2)), (at(a), at(a)));
+        // b2 is read after b3; q is both of b4's inputs.
+        assert_ne!(at(b3), at(b2));
+        assert_ne!(at(b4), at(q));
+
+        let x: Vec<f32> = (0..576)
+            .map(|i| ((i * 11) % 17) as f32 / 17.0 - 0.5)
+            .collect();
+        let run = |g: &Graph| {
+            let got = g
+                .run(vec![Tensor::from_slice(&x, &shape).unwrap()])
+                .unwrap();
+            got[0].as_slice::<f32>().unwrap().to_vec()
+        };
+        let blocked = run(&g);
+        g.set_blocked_layouts(false);
+        let nchw = run(&g);
+        for (i, (b, n)) in blocked.iter().zip(&nchw).enumerate() {
+            assert!(
+                (b - n).abs() <= 1e-4 * (1.0 + n.abs()),
+                "at {i}: {b} vs {n}"
+            );
+        }
     }
 
     /// DenseNet's pattern at batch 1: every layer concatenates all earlier

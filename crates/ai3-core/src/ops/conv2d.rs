@@ -807,6 +807,18 @@ impl Operation for Conv2d {
         }
     }
 
+    /// The residual, for a 1x1 layer on the blocked 1x1 kernel: it is
+    /// written over the residual it adds (`pointwise::conv2d_onto_residual`).
+    fn output_over_input(&self, inputs: &[&[usize]], blocked: bool) -> Option<usize> {
+        let (x, Some(_), None) = self.split(inputs).ok()? else {
+            return None;
+        };
+        let (p, _) = self.params_for(x).ok()?;
+        let pointwise = matches!(self.blocked_kernel(&p), Some((Algorithm::Gemm, _)))
+            && pointwise_shape(&p).is_some();
+        (blocked && pointwise).then_some(1)
+    }
+
     fn blocked_algorithm_for(&self, inputs: &[&[usize]]) -> Result<String> {
         let (x, _, _) = self.split(inputs)?;
         let (p, _) = self.params_for(x)?;
@@ -831,10 +843,26 @@ impl Operation for Conv2d {
             Some(b) => Some(b.as_slice::<f32>()?),
             None => None,
         };
-        let r = match residual {
-            Some(r) => Some(r.as_slice::<f32>()?),
-            None => None,
+        let kernel = (self.blocked_kernel(&p), pointwise_shape(&p));
+        // The memory planner may have put the output over the residual
+        // (`output_over_input`): the output holds it on entry, and its
+        // tensor points there too, so it is never read through that tensor.
+        // Only the 1x1 kernel adds it so; another kernel (the algorithm
+        // changed since the plan) reads a copy.
+        let onto_residual = residual.is_some_and(|r| r.data_ptr() == output.data_ptr());
+        let copied = match (onto_residual, kernel, scale) {
+            (true, (Some((Algorithm::Gemm, _)), Some(_)), None) => None,
+            (true, ..) => Some(output.to_contiguous().map_err(|e| e.with_op(OP.name()))?),
+            (false, ..) => None,
         };
+        let r = match (
+            copied.as_ref().or(residual),
+            onto_residual && copied.is_none(),
+        ) {
+            (Some(r), false) => Some(r.as_slice::<f32>()?),
+            _ => None,
+        };
+        let onto_residual = onto_residual && copied.is_none();
         let epilogue = self.epilogue(r);
         let e = (r.is_some() || self.activation.is_some()).then_some(&epilogue as Epilogue<f32>);
         // The 1x1, direct and depthwise kernels add the residual and clamp
@@ -858,7 +886,6 @@ impl Operation for Conv2d {
                 ),
             ));
         }
-        let kernel = (self.blocked_kernel(&p), pointwise_shape(&p));
         // The input scale: the 1x1 kernel's own (scaled weights, or a
         // scaled copy it reads while in cache); for the other kernels a
         // scaled copy of the input, in blocks.
@@ -919,6 +946,9 @@ impl Operation for Conv2d {
                 })?;
                 match scale {
                     Some((sv, sn)) => scaled::conv2d(&s, x, sv, sn, packed, out, fused, after),
+                    None if onto_residual => {
+                        pointwise::conv2d_onto_residual(&s, x, packed, out, clamp, after)
+                    }
                     None => pointwise::conv2d(&s, x, packed, out, fused, after),
                 }
             }

@@ -104,6 +104,16 @@ pub trait Operation: Send + Sync + fmt::Debug {
     fn in_place_parts(&self, _inputs: &[&[usize]]) -> Option<Vec<usize>> {
         None
     }
+    /// An input whose buffer the output may be written over, for inputs of
+    /// these (logical) shapes run channel-blocked (`blocked`) or not: the
+    /// memory planner may then give the output that input's place where
+    /// this node is its last reader, and the node finds that input's values
+    /// in the output buffer on entry (the input's tensor then points at
+    /// the output's memory, which `forward` must not read through it). By
+    /// default none.
+    fn output_over_input(&self, _inputs: &[&[usize]], _blocked: bool) -> Option<usize> {
+        None
+    }
     /// Whether image `i` of the output depends on image `i` of each input
     /// alone, for inputs of these shapes (4-D, one batch, which the
     /// executor checks): the executor may then run the node on a few images
