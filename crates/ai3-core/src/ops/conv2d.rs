@@ -849,20 +849,18 @@ impl Operation for Conv2d {
         // tensor points there too, so it is never read through that tensor.
         // Only the 1x1 kernel adds it so; another kernel (the algorithm
         // changed since the plan) reads a copy.
-        let onto_residual = residual.is_some_and(|r| r.data_ptr() == output.data_ptr());
-        let copied = match (onto_residual, kernel, scale) {
-            (true, (Some((Algorithm::Gemm, _)), Some(_)), None) => None,
-            (true, ..) => Some(output.to_contiguous().map_err(|e| e.with_op(OP.name()))?),
-            (false, ..) => None,
+        let over = residual.is_some_and(|r| r.data_ptr() == output.data_ptr());
+        let onto_residual =
+            over && scale.is_none() && matches!(kernel, (Some((Algorithm::Gemm, _)), Some(_)));
+        let copied = if over && !onto_residual {
+            Some(output.to_contiguous().map_err(|e| e.with_op(OP.name()))?)
+        } else {
+            None
         };
-        let r = match (
-            copied.as_ref().or(residual),
-            onto_residual && copied.is_none(),
-        ) {
-            (Some(r), false) => Some(r.as_slice::<f32>()?),
+        let r = match copied.as_ref().or(residual) {
+            Some(r) if !onto_residual => Some(r.as_slice::<f32>()?),
             _ => None,
         };
-        let onto_residual = onto_residual && copied.is_none();
         let epilogue = self.epilogue(r);
         let e = (r.is_some() || self.activation.is_some()).then_some(&epilogue as Epilogue<f32>);
         // The 1x1, direct and depthwise kernels add the residual and clamp
@@ -1322,6 +1320,90 @@ mod tests {
         assert_eq!(ok, &[2.0; 3]);
         let again = prepared::<f32>(&cell, 3, ctx, |_| panic!("prepared twice")).unwrap();
         assert_eq!(again, &[2.0; 3]);
+    }
+
+    /// A residual the memory planner put in the output's place (its tensor
+    /// pointing at the output's memory, see `output_over_input`) is added as
+    /// a separate one is: by the 1x1 kernel in place, and by the others
+    /// (here a 3x3 layer, whose algorithm may have changed since the plan)
+    /// from a copy.
+    #[test]
+    fn a_residual_in_the_output_s_place_is_added_as_a_separate_one() {
+        if !blocked::available() {
+            return;
+        }
+        let (n, c, h, w) = (2, 16, 5, 6);
+        let plane = h * w;
+        let vals = |seed: usize, len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7 + seed) % 11) as f32 / 11.0 - 0.5)
+                .collect()
+        };
+        let to_blocked = |v: &[f32]| {
+            let mut b = vec![0f32; blocked::blocked_len(n, c, plane).unwrap()];
+            blocked::to_blocked(n, c, plane, v, &mut b).unwrap();
+            b
+        };
+        let shape = [n, c, h, w];
+        let phys = crate::layout::blocked_shape(&shape);
+        let x = Tensor::from_slice(&to_blocked(&vals(1, n * c * plane)), &phys).unwrap();
+        let r = to_blocked(&vals(2, n * c * plane));
+        for k in [1usize, 3] {
+            let pad = k / 2;
+            let conv = Conv2d::new(
+                Tensor::from_slice(&vals(3, c * c * k * k), &[c, c, k, k]).unwrap(),
+                Some(Tensor::from_slice(&vals(4, c), &[c]).unwrap()),
+                (1, 1),
+                Padding2d {
+                    top: pad,
+                    bottom: pad,
+                    left: pad,
+                    right: pad,
+                },
+                (1, 1),
+                1,
+                PadMode::Zeros,
+                Request::Named(if k == 1 {
+                    Algorithm::Gemm
+                } else {
+                    Algorithm::Direct
+                }),
+            )
+            .unwrap()
+            .with_residual(true);
+            let shapes: [&[usize]; 2] = [&shape, &shape];
+            assert_eq!(conv.output_over_input(&shapes, true), (k == 1).then_some(1));
+            let separate = Tensor::from_slice(&r, &phys).unwrap();
+            let mut want = Tensor::from_slice(&vec![f32::NAN; r.len()], &phys).unwrap();
+            conv.forward_blocked(&[&x, &separate], &shapes, &mut want)
+                .unwrap();
+            let mut out = Tensor::from_slice(&r, &phys).unwrap();
+            // SAFETY: `out`'s memory, alive for the call, which reads the
+            // residual through `out` alone.
+            let over = unsafe {
+                Tensor::from_raw_parts(
+                    out.data_ptr_mut(),
+                    crate::DType::F32,
+                    phys.clone(),
+                    crate::tensor::contiguous_strides(&phys),
+                    crate::Device::Cpu,
+                    Box::new(()),
+                )
+            }
+            .unwrap();
+            conv.forward_blocked(&[&x, &over], &shapes, &mut out)
+                .unwrap();
+            let (got, want) = (
+                out.as_slice::<f32>().unwrap(),
+                want.as_slice::<f32>().unwrap(),
+            );
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "{k}x{k} at {i}: {g} vs {w}"
+                );
+            }
+        }
     }
 
     fn layer(padding: usize, dilation: usize) -> Result<Conv2d> {
