@@ -288,21 +288,7 @@ pub fn conv2d(
     fused: Fused<'_>,
     epilogue: Option<Epilogue<f32>>,
 ) -> KernelResult<()> {
-    check(s, input, packed, output, fused)?;
-    #[cfg(target_arch = "x86_64")]
-    run_strided(
-        s,
-        input,
-        packed,
-        output,
-        fused,
-        epilogue,
-        sweep_input_bytes(),
-        false,
-    )?;
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (fused, epilogue);
-    Ok(())
+    checked_run(s, input, packed, output, fused, epilogue, false)
 }
 
 /// [`conv2d`] written in place of the residual it adds: `output` holds the
@@ -329,6 +315,20 @@ pub fn conv2d_onto_residual(
         residual: None,
         clamp,
     };
+    checked_run(s, input, packed, output, fused, epilogue, true)
+}
+
+/// [`conv2d`], or with `onto_residual` [`conv2d_onto_residual`], after
+/// [`check`].
+fn checked_run(
+    s: &Pointwise,
+    input: &[f32],
+    packed: &[f32],
+    output: &mut [f32],
+    fused: Fused<'_>,
+    epilogue: Option<Epilogue<f32>>,
+    onto_residual: bool,
+) -> KernelResult<()> {
     check(s, input, packed, output, fused)?;
     #[cfg(target_arch = "x86_64")]
     run_strided(
@@ -339,10 +339,10 @@ pub fn conv2d_onto_residual(
         fused,
         epilogue,
         sweep_input_bytes(),
-        true,
+        onto_residual,
     )?;
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (fused, epilogue);
+    let _ = (fused, epilogue, onto_residual);
     Ok(())
 }
 
