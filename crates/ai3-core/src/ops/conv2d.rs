@@ -549,6 +549,13 @@ fn pointwise_shape(p: &Conv2dParams) -> Option<Pointwise> {
     })
 }
 
+/// Whether a layer whose blocked kernel is `kernel` (`blocked_kernel`) and
+/// whose 1x1 shape is `pointwise` (`pointwise_shape`) runs on the blocked
+/// 1x1 kernel, the one that adds a residual in the output's place.
+fn on_pointwise(kernel: &Option<(Algorithm, usize)>, pointwise: &Option<Pointwise>) -> bool {
+    matches!(kernel, Some((Algorithm::Gemm, _))) && pointwise.is_some()
+}
+
 /// Planes up to which the blocked 1x1 kernel is counted as beating the NCHW
 /// GEMM, whose vectors run over a plane's pixels (49 of 56 lanes useful at
 /// 7x7). Measured up to 56x56 in ResNet-50 at batch 1, each layer with its
@@ -814,9 +821,7 @@ impl Operation for Conv2d {
             return None;
         };
         let (p, _) = self.params_for(x).ok()?;
-        let pointwise = matches!(self.blocked_kernel(&p), Some((Algorithm::Gemm, _)))
-            && pointwise_shape(&p).is_some();
-        (blocked && pointwise).then_some(1)
+        (blocked && on_pointwise(&self.blocked_kernel(&p), &pointwise_shape(&p))).then_some(1)
     }
 
     fn blocked_algorithm_for(&self, inputs: &[&[usize]]) -> Result<String> {
@@ -850,8 +855,7 @@ impl Operation for Conv2d {
         // Only the 1x1 kernel adds it so; another kernel (the algorithm
         // changed since the plan) reads a copy.
         let over = residual.is_some_and(|r| r.data_ptr() == output.data_ptr());
-        let onto_residual =
-            over && scale.is_none() && matches!(kernel, (Some((Algorithm::Gemm, _)), Some(_)));
+        let onto_residual = over && scale.is_none() && on_pointwise(&kernel.0, &kernel.1);
         let copied = if over && !onto_residual {
             Some(output.to_contiguous().map_err(|e| e.with_op(OP.name()))?)
         } else {
