@@ -10,7 +10,7 @@
 //! stay in L2, run of pixels). Within a task, each register tile of output
 //! blocks sweeps the run's pixels, its weights in L1 throughout, where a
 //! run's input can be made small enough to stay in L1 (see
-//! `sweep_input_bytes`), or where a tile of output blocks' weights fits
+//! `sweep_input_bytes`: on AVX-512 on large planes only), or where a tile of output blocks' weights fits
 //! there; a reduction too deep for either is split into chunks of input
 //! channels that fit, swept one after the other, each continuing the sums
 //! the last stored (on AVX-512, whose tile of weights is four times the
@@ -68,9 +68,13 @@ const NARROW_BLOCKS: usize = 8;
 /// 0.97x and 0.98x (one thread).
 const AVX512_CHUNK_BLOCKS: usize = 24;
 
-/// Bytes of a run's input a sweep keeps in L1 on AVX2
-/// ([`sweep_input_bytes`]): most of a 32 KB L1 data cache.
+/// Bytes of a run's input a sweep keeps in L1 on AVX2, and on AVX-512 for
+/// large planes ([`sweep_input_bytes`]): most of a 32 KB L1 data cache.
 const SWEEP_L1_BYTES: usize = 28 << 10;
+
+/// Bytes of one block of an input plane, at least, for AVX-512 to sweep
+/// ([`sweep_input_bytes`]): four pages, 23x23 pixels and more.
+const SWEEP_PLANE_BYTES: usize = 16 << 10;
 
 /// Bytes of a task's input, at most, for each register tile of output
 /// blocks to sweep all the task's pixels in turn, its weights and the run's
@@ -95,7 +99,7 @@ const SWEEP_L1_BYTES: usize = 28 << 10;
 /// one thread, hot, 5 paired rounds over 35 MobileNetV2, ResNet-50 and
 /// SqueezeNet shapes) 1.045x the time with 28 KB, 1.024x with 40 KB
 /// (geometric means; narrow layers 1.07-1.15x), so 0 keeps the other order
-/// there. Prefetching the next tile of pixels' input while the current one
+/// there for small planes (but see the end). Prefetching the next tile of pixels' input while the current one
 /// runs measured 1.02-1.03x.
 ///
 /// In whole networks on a Zen 4 with AVX-512 at batch 10, sweeping with
@@ -114,11 +118,31 @@ const SWEEP_L1_BYTES: usize = 28 << 10;
 /// 0.47 ms in mobilenet_v2 at batch 10; but whole networks moved 0.89-1.08x
 /// the time by network and batch on the median of calls alternating in one
 /// process, 0.90-1.05x on the fastest, in no steady direction.)
-fn sweep_input_bytes() -> usize {
-    if crate::isa::avx512() {
-        0
-    } else {
+///
+/// On AVX-512 the sweep is kept for large planes, each block of the plane
+/// at least [`SWEEP_PLANE_BYTES`]: in a network their input and residual
+/// come from L3 rather than L2, and the other order reads and writes, for
+/// each tile of pixels, one stream per input block and two per output
+/// block (72 on 64 -> 256), more than the prefetchers follow. On an Intel
+/// Xeon (model 207, 48 KB L1, 2 MB L2; the kernel alone, two threads, the
+/// input and output rotated over 48 MB of buffers, the two orders
+/// alternating in one process, 580 calls each, medians) the sweep took
+/// 0.57-0.75x the time on 64 -> 256 at 56x56, 0.65x on 64 -> 192 at 56x56,
+/// 0.70-0.81x on 64 -> 128 and 128 -> 128 at 56x56, 0.75-0.91x on 24 -> 144
+/// at 56x56, 0.76x on 40 -> 240 at 28x28, 0.84-0.90x on 16 -> 96 at
+/// 112x112, 0.86x on 144 -> 24 and 96 -> 24 at 56x56, 0.88-0.92x on 128 ->
+/// 512 at 28x28, 0.94-1.04x on the other 28x28 layers measured; at 14x14 and
+/// 7x7 (96 -> 576, 160 -> 960) 1.02-1.12x, hence the bound. Whole networks
+/// (the two rules alternating call by call in one process, 150 calls at
+/// batch 1, 40 at batch 10, medians): resnet50 0.97x at both batches,
+/// mobilenet_v2 0.96x and 0.93x, densenet121 0.93x and 0.95x,
+/// efficientnet_b0 0.99x and 0.97x, squeezenet1_1 and googlenet at batch 1
+/// 1.00x.
+fn sweep_input_bytes(plane: usize) -> usize {
+    if !crate::isa::avx512() || plane * BLOCK * size_of::<f32>() >= SWEEP_PLANE_BYTES {
         SWEEP_L1_BYTES
+    } else {
+        0
     }
 }
 
@@ -338,7 +362,7 @@ fn checked_run(
         output,
         fused,
         epilogue,
-        sweep_input_bytes(),
+        sweep_input_bytes(s.plane),
         onto_residual,
     )?;
     #[cfg(not(target_arch = "x86_64"))]
@@ -452,7 +476,7 @@ pub(super) fn conv2d_per_image(
         output,
         fused,
         epilogue,
-        sweep_input_bytes(),
+        sweep_input_bytes(s.plane),
         false,
     );
     #[cfg(not(target_arch = "x86_64"))]
