@@ -10,10 +10,10 @@
 //! stay in L2, run of pixels). Within a task, each register tile of output
 //! blocks sweeps the run's pixels, its weights in L1 throughout, where a
 //! run's input can be made small enough to stay in L1 (see
-//! `sweep_input_bytes`: on AVX-512 on large planes only), or where a tile of output blocks' weights fits
-//! there; a reduction too deep for either is split into chunks of input
-//! channels that fit, swept one after the other, each continuing the sums
-//! the last stored (on AVX-512, whose tile of weights is four times the
+//! `sweep_input_bytes`: on AVX-512 on large planes only), or where a tile
+//! of output blocks' weights fits there; a reduction too deep for either
+//! is split into chunks of input channels that fit, swept one after the
+//! other, each continuing the sums the last stored (on AVX-512, whose tile of weights is four times the
 //! size, a reduction of more than `AVX512_CHUNK_BLOCKS` input blocks is
 //! always split). A narrow layer (at most 64 output channels) keeps
 //! long runs and always sweeps its reduction in such chunks: its input
@@ -99,8 +99,8 @@ const SWEEP_PLANE_BYTES: usize = 16 << 10;
 /// one thread, hot, 5 paired rounds over 35 MobileNetV2, ResNet-50 and
 /// SqueezeNet shapes) 1.045x the time with 28 KB, 1.024x with 40 KB
 /// (geometric means; narrow layers 1.07-1.15x), so 0 keeps the other order
-/// there for small planes (but see the end). Prefetching the next tile of pixels' input while the current one
-/// runs measured 1.02-1.03x.
+/// there for small planes (large ones: see the end). Prefetching the next
+/// tile of pixels' input while the current one runs measured 1.02-1.03x.
 ///
 /// In whole networks on a Zen 4 with AVX-512 at batch 10, sweeping with
 /// 28 KB showed no steady gain either. Builds in processes of their own
