@@ -11,17 +11,18 @@
 //! blocks sweeps the run's pixels, its weights in L1 throughout, where a
 //! run's input can be made small enough to stay in L1 (see
 //! `sweep_input_bytes`: on AVX-512 on large planes only), or where a tile
-//! of output blocks' weights fits there; a reduction too deep for either
-//! is split into chunks of input channels that fit, swept one after the
-//! other, each continuing the sums the last stored (on AVX-512, whose tile of weights is four times the
-//! size, a reduction of more than `AVX512_CHUNK_BLOCKS` input blocks is
-//! always split). A narrow layer (at most 64 output channels) keeps
-//! long runs and always sweeps its reduction in such chunks: its input
-//! meets few tiles of output blocks, so its first read is what counts.
-//! Otherwise each tile of pixels is used by every block of the group while
-//! it is in L1. The fused epilogue (a residual, an activation) runs on
-//! each finished output strip. On AVX-512 the weights are packed in pairs
-//! of output blocks (see [`pack`]), one zmm vector per input channel.
+//! of output blocks' weights fits there; a reduction too deep for either is
+//! split into chunks of input channels that fit, swept one after the other,
+//! each continuing the sums the last stored (on AVX-512, whose tile of
+//! weights is four times the size, a reduction of more than
+//! `AVX512_CHUNK_BLOCKS` input blocks is always split). A narrow layer (at
+//! most 64 output channels) keeps long runs and always sweeps its reduction
+//! in such chunks: its input meets few tiles of output blocks, so its first
+//! read is what counts. Otherwise each tile of pixels is used by every
+//! block of the group while it is in L1. The fused epilogue (a residual, an
+//! activation) runs on each finished output strip. On AVX-512 the weights
+//! are packed in pairs of output blocks (see [`pack`]), one zmm vector per
+//! input channel.
 //!
 //! A strided layer (ResNet's 1x1 stride-2 downsampling) first gathers the
 //! pixels it reads into a contiguous blocked copy (per-thread scratch, a
