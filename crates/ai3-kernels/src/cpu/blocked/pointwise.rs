@@ -386,29 +386,10 @@ fn run_strided(
     sweep_bytes: usize,
     onto_residual: bool,
 ) -> KernelResult<()> {
-    let Some(u) = s.subsample else {
+    // The layer's own input, or the strided one's gathered pixels.
+    let mut go = |s: &Pointwise, x: &[f32]| {
         run(
             s,
-            input,
-            packed,
-            0,
-            output,
-            fused,
-            epilogue,
-            sweep_bytes,
-            onto_residual,
-        );
-        return Ok(());
-    };
-    let len = super::blocked_len(s.batch, s.in_channels, s.plane)?;
-    crate::cpu::scratch::with_scratch_named(len, "subsampled 1x1 input", |x| {
-        subsample(s, &u, input, x);
-        let s = Pointwise {
-            subsample: None,
-            ..*s
-        };
-        run(
-            &s,
             x,
             packed,
             0,
@@ -418,6 +399,19 @@ fn run_strided(
             sweep_bytes,
             onto_residual,
         )
+    };
+    let Some(u) = s.subsample else {
+        go(s, input);
+        return Ok(());
+    };
+    let len = super::blocked_len(s.batch, s.in_channels, s.plane)?;
+    crate::cpu::scratch::with_scratch_named(len, "subsampled 1x1 input", |x| {
+        subsample(s, &u, input, x);
+        let s = Pointwise {
+            subsample: None,
+            ..*s
+        };
+        go(&s, x)
     })
 }
 
